@@ -1,0 +1,277 @@
+"""From canonical events to one final change per row key: the sink-agnostic half of applying a batch.
+
+Steps, all Spark SQL:
+
+1. :func:`row_changes` turns each row event into keyed changes: ``UPSERT`` (insert or replace, possibly a partial
+   image) or ``DELETE``. An UPDATE whose key changed becomes a DELETE of the old key and an UPSERT of the new one.
+   The first half of a split update (DataWorks ``UPDATE_BEFOR``: before image only) retires its key, ordered just
+   before the second half at the same source position, so that the pair, in one batch or across two, ends as the
+   after image; a late duplicate of such a half never deletes the row, because the row's recorded order is the
+   second half's.
+2. :func:`fold` reduces all changes of a key in a batch, in order, to one change: the last full image or delete,
+   with later partial images overlaid column by column (columns absent from a partial image keep their value).
+3. The sink then gates each folded change against the row's recorded order and the key's tombstone, so that
+   replays and re-sent older messages never regress a row, and applies it in one MERGE per table.
+
+Ordering: ``order`` is the canonical position (or the Kafka fallback, see :func:`cdclake.model.kafka_position`)
+followed by ``/0`` for a split update's first half and ``/1`` otherwise. Equal orders are broken by Kafka
+partition, offset and position inside the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.model import Op
+
+TABLE_ID: Final = "table_id"
+"""Identity of a target table inside one batch: ``database``/``schema``/``table`` joined by ``\\x1f``."""
+ROW_KEY: Final = "row_key"
+"""The key values of a row as JSON text (a JSON array in key-column order)."""
+ORDER: Final = "order"
+"""Sortable order of a change, see the module doc; stored in user tables as ``_cdc_position``."""
+KIND: Final = "kind"
+"""``UPSERT`` or ``DELETE``."""
+IMAGE: Final = "image"
+"""Row image of the change (canonical text); for deletes, the before image."""
+PARTIAL: Final = "partial"
+"""True when ``image`` lacks some columns that must keep their current values."""
+
+UPSERT: Final = "UPSERT"
+DELETE: Final = "DELETE"
+
+_SEP: Final = "\x1f"
+
+
+def table_id(database: Column, schema: Column, table: Column) -> Column:
+    """Batch-local identity of a source table (null parts become empty strings)."""
+    return F.concat_ws(_SEP, F.coalesce(database, F.lit("")), F.coalesce(schema, F.lit("")), table)
+
+
+def split_table_id(value: str) -> tuple[str | None, str | None, str]:
+    """Inverse of :func:`table_id` on the driver."""
+    database, schema, table = value.split(_SEP, 2)
+    return database or None, schema or None, table
+
+
+def effective_order(events: DataFrame) -> Column:
+    """The ``order`` of each event: position (or the Kafka fallback) and the split-update half."""
+    position = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
+    first_half = (F.col(model.OP) == Op.UPDATE) & F.col(model.AFTER).isNull()
+    return F.concat(position, F.when(first_half, F.lit("/0")).otherwise(F.lit("/1")))
+
+
+def _key_of(image: Column, keys: Column) -> Column:
+    return F.to_json(F.transform(keys, lambda k: image[k]))
+
+
+def effective_keys(events: DataFrame, configured: Mapping[str, Sequence[str]]) -> Column:
+    """Key columns of each event: configured keys (``db.table`` or ``table``) win, then the message's own,
+    then, as a last resort, every declared column (the full image is the row identity)."""
+    from_message = F.col(model.KEY_COLUMNS)
+    all_columns = F.transform(F.col(model.COLUMNS), lambda c: c["name"])
+    result = F.when(F.size(F.coalesce(from_message, F.array())) > 0, from_message).otherwise(all_columns)
+    qualified = F.concat_ws(".", F.col(model.DATABASE), F.col(model.TABLE))
+    for name, keys in sorted(configured.items()):
+        target = qualified if "." in name else F.col(model.TABLE)
+        result = F.when(target == F.lit(name), F.array(*(F.lit(k) for k in keys))).otherwise(result)
+    return result
+
+
+def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> DataFrame:
+    """Row events (INSERT, UPDATE, DELETE, UPSERT) -> keyed changes.
+
+    Output columns: table_id, row_key, kind, image, partial, order, partition, offset, sub_index, event_time,
+    key_columns.
+    """
+    keys = effective_keys(events, configured_keys or {})
+    before, after = F.col(model.BEFORE), F.col(model.AFTER)
+    op = F.col(model.OP)
+    key_before, key_after = _key_of(before, keys), _key_of(after, keys)
+    delete_old_key = F.when(
+        (op == Op.DELETE) | ((op == Op.UPDATE) & before.isNotNull() & (after.isNull() | (key_before != key_after))),
+        F.struct(
+            F.lit(DELETE).alias(KIND),
+            key_before.alias(ROW_KEY),
+            before.alias(IMAGE),
+            F.lit(False).alias(PARTIAL),
+            F.lit(0).alias("half"),
+        ),
+    )
+    upsert_new = F.when(
+        op.isin(Op.INSERT.value, Op.UPSERT.value) | ((op == Op.UPDATE) & after.isNotNull()),
+        F.struct(
+            F.lit(UPSERT).alias(KIND),
+            key_after.alias(ROW_KEY),
+            after.alias(IMAGE),
+            F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias(PARTIAL),
+            F.lit(1).alias("half"),
+        ),
+    )
+    changes = F.filter(F.array(delete_old_key, upsert_new), lambda c: c.isNotNull())
+    exploded = events.where(op.isin(*(o.value for o in model.ROW_OPS))).select(
+        table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).alias(TABLE_ID),
+        effective_order(events).alias(ORDER),
+        F.col(model.PARTITION),
+        F.col(model.OFFSET),
+        F.col(model.SUB_INDEX),
+        F.col(model.EVENT_TIME),
+        keys.alias(model.KEY_COLUMNS),
+        F.explode(changes).alias("c"),
+    )
+    return exploded.select(
+        TABLE_ID,
+        F.col("c")[ROW_KEY].alias(ROW_KEY),
+        F.col("c")[KIND].alias(KIND),
+        F.col("c")[IMAGE].alias(IMAGE),
+        F.col("c")[PARTIAL].alias(PARTIAL),
+        ORDER,
+        model.PARTITION,
+        model.OFFSET,
+        (F.col(model.SUB_INDEX) * 2 + F.col("c")["half"]).alias(model.SUB_INDEX),
+        model.EVENT_TIME,
+        model.KEY_COLUMNS,
+    )
+
+
+def fold(changes: DataFrame) -> DataFrame:
+    """One change per (table_id, row_key): the changes of a key applied in order.
+
+    A DELETE or a full image replaces what came before; a partial image is overlaid on the previous image of the
+    batch, and stays partial (relies on the stored row) only if no full image or delete precedes it in the batch.
+    After a DELETE, a partial image starts from nothing: the columns it lacks are NULL.
+    """
+    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
+    items = F.collect_list(
+        F.struct(
+            rank.alias("rank"),
+            F.col(KIND),
+            F.col(IMAGE),
+            F.col(PARTIAL),
+            F.col(ORDER),
+            F.col(model.EVENT_TIME),
+            F.col(model.KEY_COLUMNS),
+        )
+    )
+    ordered = F.array_sort(
+        items,
+        lambda left, right: F.when(left["rank"] < right["rank"], -1).when(left["rank"] > right["rank"], 1).otherwise(0),
+    )
+
+    def step(acc: Column, item: Column) -> Column:
+        overlay = F.map_concat(F.map_filter(acc[IMAGE], lambda k, _v: ~F.map_contains_key(item[IMAGE], k)), item[IMAGE])
+        is_partial_on_upsert = item[PARTIAL] & (acc[KIND] == UPSERT)
+        image = F.when(is_partial_on_upsert, overlay).otherwise(item[IMAGE])
+        partial = (
+            F.when(~item[PARTIAL], F.lit(False))
+            .when(acc[KIND].isNull(), F.lit(True))
+            .when(acc[KIND] == DELETE, F.lit(False))
+            .otherwise(acc[PARTIAL])
+        )
+        return F.struct(
+            item[KIND].alias(KIND),
+            image.alias(IMAGE),
+            partial.alias(PARTIAL),
+            item[ORDER].alias(ORDER),
+            item[model.EVENT_TIME].alias(model.EVENT_TIME),
+            item[model.KEY_COLUMNS].alias(model.KEY_COLUMNS),
+        )
+
+    empty = F.struct(
+        F.lit(None).cast("string").alias(KIND),
+        F.create_map().cast("map<string,string>").alias(IMAGE),
+        F.lit(True).alias(PARTIAL),
+        F.lit(None).cast("string").alias(ORDER),
+        F.lit(None).cast("timestamp").alias(model.EVENT_TIME),
+        F.lit(None).cast("array<string>").alias(model.KEY_COLUMNS),
+    )
+    folded = changes.groupBy(TABLE_ID, ROW_KEY).agg(F.aggregate(ordered, empty, step).alias("f"))
+    return folded.select(
+        TABLE_ID,
+        ROW_KEY,
+        *(F.col("f")[name].alias(name) for name in (KIND, IMAGE, PARTIAL, ORDER, model.EVENT_TIME, model.KEY_COLUMNS)),
+    )
+
+
+@dataclass
+class TablePlan:
+    """What a batch needs from one target table, gathered on the driver (one small row per table)."""
+
+    table_id: str
+    database: str | None
+    schema: str | None
+    table: str
+    columns: list[tuple[str, str]]
+    """(name, spark_type) in table order: the newest message's columns, then older ones it lacks."""
+    key_columns: list[str]
+    truncate_order: str | None = None
+    """Order of the newest TRUNCATE in the batch, if any."""
+    ddl_count: int = 0
+    row_events: int = 0
+    type_conflicts: list[str] = field(default_factory=list)
+
+
+def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
+    """Summarises, per table, the column lists, keys and truncates of a batch (a handful of rows to the driver)."""
+    op = F.col(model.OP)
+    relevant = events.where(op.isin(*(o.value for o in model.ROW_OPS), Op.TRUNCATE.value, Op.DDL.value))
+    relevant = relevant.where(F.col(model.TABLE).isNotNull())
+    keys = effective_keys(relevant, configured_keys or {})
+    summary = (
+        relevant.select(
+            model.DATABASE,
+            model.SCHEMA,
+            model.TABLE,
+            op.alias("op"),
+            effective_order(relevant).alias(ORDER),
+            F.col(model.COLUMNS),
+            keys.alias("keys"),
+        )
+        .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
+        .agg(
+            F.max(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("last_order"),
+            F.max_by(F.col("keys"), F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias(
+                "keys"
+            ),
+            F.max(F.when(F.col("op") == Op.TRUNCATE, F.col(ORDER))).alias("truncate_order"),
+            F.sum(F.when(F.col("op") == Op.DDL, 1).otherwise(0)).alias("ddl_count"),
+            F.sum(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), 1).otherwise(0)).alias("row_events"),
+        )
+        .collect()
+    )
+    plans: dict[tuple[str | None, str | None, str], TablePlan] = {}
+    newest_first = sorted(summary, key=lambda r: r["last_order"] or "", reverse=True)
+    for row in newest_first:
+        ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+        plan = plans.get(ident)
+        if plan is None:
+            plan = TablePlan(
+                table_id=_SEP.join(part or "" for part in ident),
+                database=ident[0],
+                schema=ident[1],
+                table=ident[2],
+                columns=[],
+                key_columns=list(row["keys"] or []),
+            )
+            plans[ident] = plan
+        known = {name.lower(): spark_type for name, spark_type in plan.columns}
+        for column in row[model.COLUMNS] or []:
+            name, spark_type = column["name"], column["spark_type"]
+            if name.lower() not in known:
+                plan.columns.append((name, spark_type))
+                known[name.lower()] = spark_type
+            elif known[name.lower()] != spark_type:
+                plan.type_conflicts.append(f"{name}: {spark_type} vs {known[name.lower()]}")
+        if not plan.key_columns and row["keys"]:
+            plan.key_columns = list(row["keys"])
+        if row["truncate_order"] and (plan.truncate_order or "") < row["truncate_order"]:
+            plan.truncate_order = row["truncate_order"]
+        plan.ddl_count += row["ddl_count"]
+        plan.row_events += row["row_events"]
+    return list(plans.values())

@@ -1,0 +1,1 @@
+"""The ``cdclake`` command line."""

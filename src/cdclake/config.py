@@ -1,0 +1,195 @@
+"""Pipeline configuration (``cdclake run CONFIG.yaml``), validated with pydantic.
+
+Every error names the key and the fix. Kafka options are passed through to Spark's Kafka source; values of keys
+that look secret (passwords, JAAS configs, keys, tokens) are never printed.
+
+Example::
+
+    name: orders-cdc
+    lake: /data/lake
+    checkpoint: /data/checkpoints/orders-cdc      # default: <lake>/_cdclake/checkpoints/<name>
+    kafka:
+      bootstrap_servers: broker1:9092,broker2:9092
+      topics: [dw.crm, dw.shop]                    # or: topic_pattern: "dw\\..*"
+      starting_offsets: earliest                   # earliest | latest (only for a new checkpoint)
+      max_offsets_per_trigger: 200000
+      options:                                     # passed to Spark's Kafka source ("kafka." prefix optional)
+        security.protocol: SASL_SSL
+        sasl.jaas.config: ...
+    format: dataworks-json                         # default format of every topic
+    topic_formats: {dw.legacy: dataworks-json}     # per-topic override
+    keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
+    trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cdclake.exceptions import ConfigError, UnknownFormatError
+
+SECRET_KEY = re.compile(r"password|secret|jaas|token|credential|(^|\.)key($|\.)|keystore|truststore", re.IGNORECASE)
+
+FIXES: dict[str, str] = {
+    "lake": "set `lake:` to the directory (or URI) of the lake, e.g. `lake: /data/lake`",
+    "kafka": "add a `kafka:` section with `bootstrap_servers` and `topics` (or `topic_pattern`)",
+    "kafka.bootstrap_servers": "set `bootstrap_servers: host:port[,host:port]` under `kafka:`",
+    "kafka.topics": "give `topics: [name, ...]` or `topic_pattern: <regex>` under `kafka:` (exactly one of them)",
+    "kafka.starting_offsets": "use `earliest` or `latest`",
+    "kafka.max_offsets_per_trigger": "use a positive integer, e.g. 200000",
+    "format": "set `format:` to a name listed by `cdclake formats`",
+    "topic_formats": "map each topic to a name listed by `cdclake formats`",
+    "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
+    "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(_Strict):
+    """Where to read."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    max_offsets_per_trigger: int | None = Field(default=200_000, gt=0)
+    fail_on_data_loss: bool = True
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> KafkaConfig:
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("give exactly one of `topics` and `topic_pattern`")
+        if self.topic_pattern is not None:
+            re.compile(self.topic_pattern)
+        return self
+
+    def spark_options(self) -> dict[str, str]:
+        """Options for ``spark.readStream.format("kafka")``."""
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "startingOffsets": self.starting_offsets,
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+        }
+        if self.topics:
+            options["subscribe"] = ",".join(self.topics)
+        else:
+            options["subscribePattern"] = str(self.topic_pattern)
+        if self.max_offsets_per_trigger:
+            options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        for key, value in self.options.items():
+            spark_key = key if key.startswith("kafka.") or not _is_kafka_client_key(key) else f"kafka.{key}"
+            options[spark_key] = value
+        return options
+
+    def redacted_options(self) -> dict[str, str]:
+        """:meth:`spark_options` with secret values replaced, for printing."""
+        return {k: ("***" if SECRET_KEY.search(k) else v) for k, v in self.spark_options().items()}
+
+
+def _is_kafka_client_key(key: str) -> bool:
+    # Spark's own source options are camelCase words; Kafka client settings are dotted lower-case.
+    return "." in key
+
+
+class TriggerConfig(_Strict):
+    """When micro-batches run."""
+
+    processing_time: str | None = "10 seconds"
+    available_now: bool = False
+
+
+class PipelineConfig(_Strict):
+    """A ``cdclake run`` configuration file."""
+
+    name: str = Field(default="cdclake", pattern=r"^[A-Za-z0-9_.\-]+$")
+    lake: str = Field(min_length=1)
+    checkpoint: str | None = None
+    kafka: KafkaConfig
+    format: str | None = None
+    topic_formats: dict[str, str] = Field(default_factory=dict)
+    format_options: dict[str, dict[str, str]] = Field(default_factory=dict)
+    keys: dict[str, list[str]] = Field(default_factory=dict)
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
+    tombstone_retention_hours: float = Field(default=168.0, gt=0)
+    spark: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_not_empty(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for table, columns in value.items():
+            if not columns:
+                raise ValueError(f"table {table} has an empty key list")
+        return value
+
+    @model_validator(mode="after")
+    def _formats_known(self) -> PipelineConfig:
+        from cdclake.formats import get_format
+
+        if self.format is None and not self.topic_formats:
+            raise ValueError("no format: set `format` (all topics) or `topic_formats`")
+        for name in [self.format, *self.topic_formats.values()]:
+            if name is not None:
+                try:
+                    get_format(name)
+                except UnknownFormatError as exc:
+                    raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def checkpoint_location(self) -> str:
+        return self.checkpoint or f"{self.lake.rstrip('/')}/_cdclake/checkpoints/{self.name}"
+
+
+def _fix_for(location: str) -> str:
+    for key in sorted(FIXES, key=len, reverse=True):
+        if location == key or location.startswith(key + "."):
+            return FIXES[key]
+    return "see the example at the top of the cdclake.config module docs (README: Configuration)"
+
+
+def parse_config(data: Any, source: str = "config") -> PipelineConfig:
+    """Validates a parsed YAML document; raises :class:`ConfigError` for the first problem."""
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", f"{source} must be a YAML mapping", "start from the example in the README")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        location = ".".join(str(part) for part in error["loc"]) or "<root>"
+        problem = str(error["msg"])
+        if error["type"] == "extra_forbidden":
+            return_fix = "remove it or check its spelling (see the README for every key)"
+            raise ConfigError(location, "unknown key", return_fix) from None
+        if error["type"] == "missing":
+            problem = "required key is missing"
+        fix = _fix_for(location)
+        if location in ("<root>", "kafka") and "format" in problem:
+            fix, location = FIXES["format"], "format"
+        if "topics" in problem and location == "kafka":
+            location, fix = "kafka.topics", FIXES["kafka.topics"]
+        raise ConfigError(location, problem, fix) from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Reads and validates a YAML configuration file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            "<file>", f"cannot read {path}: {exc.strerror}", "pass the path of a readable YAML file"
+        ) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("<file>", f"{path} is not valid YAML: {exc}", "fix the YAML syntax") from exc
+    return parse_config(data, str(path))

@@ -1,0 +1,1 @@
+"""Developer tooling: local Kafka broker and workload helpers; never imported by the library itself."""

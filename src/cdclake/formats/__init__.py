@@ -1,0 +1,54 @@
+"""Format registry: one module per wire format, each registering a :class:`~cdclake.formats.base.CdcFormat`.
+
+Built-in formats live in this package and are imported on first lookup. Third-party formats register through the
+``cdclake.formats`` entry-point group (the entry point names a module that calls :func:`register`).
+
+To add a format: create ``cdclake/formats/<vendor>.py`` that builds a ``CdcFormat`` and calls ``register``, add the
+module name to ``_BUILTIN_MODULES``, and add golden cases under ``tests/cases/<format-name>/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from cdclake.exceptions import UnknownFormatError
+from cdclake.formats.base import CdcFormat
+
+__all__ = ["CdcFormat", "get_format", "list_formats", "register"]
+
+_BUILTIN_MODULES = ("cdclake.formats.dataworks",)
+_REGISTRY: dict[str, CdcFormat] = {}
+_loaded = False
+
+
+def register(fmt: CdcFormat) -> CdcFormat:
+    """Adds ``fmt`` to the registry under ``fmt.name`` (a later registration of the same name replaces it)."""
+    _REGISTRY[fmt.name] = fmt
+    return fmt
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+    for entry in entry_points(group="cdclake.formats"):
+        entry.load()
+
+
+def get_format(name: str) -> CdcFormat:
+    """The registered format called ``name``; raises :class:`UnknownFormatError` listing the known names."""
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownFormatError(name, _REGISTRY) from None
+
+
+def list_formats() -> list[CdcFormat]:
+    """Every registered format, sorted by name."""
+    _load_all()
+    return [_REGISTRY[name] for name in sorted(_REGISTRY)]

@@ -1,0 +1,212 @@
+"""What a format is, and the expression helpers formats share.
+
+A format turns a DataFrame of raw messages (:data:`MESSAGE_COLUMNS`) into canonical change events
+(:data:`cdclake.model.CANONICAL_SCHEMA`) with Spark SQL expressions only: the JVM does all per-row work, no Python
+function runs per message. Formats end with :func:`finish`, which adds the checks every format needs (identifiers,
+value types, keys) so that a bad message becomes a dead letter with a reason instead of failing the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.model import Op
+
+MESSAGE_KEY: Final = "key"
+MESSAGE_VALUE: Final = "value"
+MESSAGE_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
+"""Columns of a raw message frame, as the source layer delivers them (binary key/value, Kafka coordinates)."""
+
+FormatOptions = Mapping[str, str]
+DecodeFn = Callable[[DataFrame, FormatOptions], DataFrame]
+
+MAX_IDENTIFIER_LENGTH: Final = 255
+
+
+@dataclass(frozen=True)
+class CdcFormat:
+    """A registered wire format.
+
+    Attributes:
+        name: registry name, kebab-case as the vendor spells the format (``dataworks-json``).
+        description: one line for ``cdclake formats``.
+        decode: raw message frame + options -> canonical frame (pure Spark SQL).
+        encoding: ``json`` or ``binary`` (how ``replay`` reads capture files by default).
+        operations: vendor operation -> canonical op, for documentation and ``cdclake formats``.
+        options: option name -> what it does.
+        sniff: decides from one parsed JSON message whether it is in this format (``--format auto``); None when
+            the format cannot be told apart from others.
+    """
+
+    name: str
+    description: str
+    decode: DecodeFn
+    encoding: str = "json"
+    operations: Mapping[str, Op] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict)
+    sniff: Callable[[Any], bool] | None = None
+
+
+def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:
+    """Canonical op for a vendor op code; null when the code is not in ``mapping`` (the caller reports it)."""
+    result: Column | None = None
+    for vendor, canonical in mapping.items():
+        result = (F.when if result is None else result.when)(code == F.lit(vendor), F.lit(canonical.value))
+    return result if result is not None else F.lit(None).cast("string")
+
+
+def first_error(*checks: tuple[Column, str | Column]) -> Column:
+    """The message of the first check whose condition is true, else null. Null conditions count as false."""
+    result: Column | None = None
+    for condition, message in checks:
+        text = F.lit(message) if isinstance(message, str) else message
+        guard = F.coalesce(condition, F.lit(False))
+        result = F.when(guard, text) if result is None else result.when(guard, text)
+    return result if result is not None else F.lit(None).cast("string")
+
+
+def _bad_identifier(name: Column) -> Column:
+    return (
+        name.isNull()
+        | (F.length(name) == 0)
+        | (F.length(name) > MAX_IDENTIFIER_LENGTH)
+        | name.rlike(r"[\x00-\x1f\x7f]")
+    )
+
+
+def _bad_column_name(name: Column) -> Column:
+    reserved = F.lower(name).startswith(model.METADATA_PREFIX) & (name != F.lit(model.ROW_ID_COLUMN))
+    # Delta (without column mapping) rejects these characters in column names.
+    return _bad_identifier(name) | reserved | name.rlike(r"[ ,;{}()\n\t=]")
+
+
+def _checks(df: DataFrame) -> Column:
+    """Errors every format must detect, in the order they are reported."""
+    op, table, columns = F.col(model.OP), F.col(model.TABLE), F.col(model.COLUMNS)
+    is_row_op = op.isin(*(o.value for o in model.ROW_OPS))
+    column_names = F.transform(columns, lambda c: c["name"])
+    declared = F.coalesce(column_names, F.array().cast("array<string>"))
+
+    def undeclared(image: Column) -> Column:
+        return F.filter(F.map_keys(image), lambda k: ~F.array_contains(declared, k))
+
+    def invalid_values(image: Column) -> Column:
+        return F.filter(
+            F.coalesce(columns, F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>")),
+            lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"]),
+        )
+
+    def first_invalid(image: Column, which: str) -> Column:
+        bad = invalid_values(image)[0]
+        return F.format_string(
+            f"{which} value %s of column %s is not a valid %s (declared %s)",
+            F.substring(image[bad["name"]], 1, 80),
+            bad["name"],
+            bad["spark_type"],
+            bad["vendor_type"],
+        )
+
+    bad_names = F.filter(column_names, _bad_column_name)
+    return first_error(
+        (
+            is_row_op & (_bad_identifier(table) | F.coalesce(_bad_identifier(F.col(model.DATABASE)), F.lit(False))),
+            F.format_string("invalid table identifier %s.%s", F.col(model.DATABASE), table),
+        ),
+        (
+            is_row_op & (F.size(bad_names) > 0),
+            F.format_string(
+                "invalid column name '%s' (empty, too long, control characters, Delta-reserved characters, "
+                "or the reserved prefix %s)",
+                bad_names[0],
+                F.lit(model.METADATA_PREFIX),
+            ),
+        ),
+        (
+            is_row_op & (F.size(F.array_distinct(F.transform(column_names, F.lower))) < F.size(column_names)),
+            F.lit("duplicate column names (names are compared case-insensitively)"),
+        ),
+        (
+            is_row_op & (F.size(undeclared(F.col(model.AFTER))) > 0),
+            F.format_string(
+                "after image has column %s that the message does not declare",
+                undeclared(F.col(model.AFTER))[0],
+            ),
+        ),
+        (
+            is_row_op & (F.size(undeclared(F.col(model.BEFORE))) > 0),
+            F.format_string(
+                "before image has column %s that the message does not declare",
+                undeclared(F.col(model.BEFORE))[0],
+            ),
+        ),
+        (
+            is_row_op & (F.size(invalid_values(F.col(model.AFTER))) > 0),
+            first_invalid(F.col(model.AFTER), "after"),
+        ),
+        (
+            is_row_op & (F.size(invalid_values(F.col(model.BEFORE))) > 0),
+            first_invalid(F.col(model.BEFORE), "before"),
+        ),
+        (
+            is_row_op
+            & F.exists(F.coalesce(F.col(model.KEY_COLUMNS), F.array()), lambda k: ~F.array_contains(declared, k)),
+            F.lit("a key column is not among the declared columns"),
+        ),
+        ((op == Op.INSERT) & F.col(model.AFTER).isNull(), F.lit("INSERT without an after image")),
+        ((op == Op.UPSERT) & F.col(model.AFTER).isNull(), F.lit("UPSERT without an after image")),
+        ((op == Op.DELETE) & F.col(model.BEFORE).isNull(), F.lit("DELETE without a before image")),
+        (
+            (op == Op.UPDATE) & F.col(model.AFTER).isNull() & F.col(model.BEFORE).isNull(),
+            F.lit("UPDATE without before or after image"),
+        ),
+        ((op == Op.TRUNCATE) & _bad_identifier(table), F.lit("TRUNCATE without a table")),
+    )
+
+
+def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
+    """Projects a format's intermediate frame onto the canonical schema and adds the shared checks.
+
+    Args:
+        df: must have the message columns plus every canonical column the format knows; missing canonical
+            columns become nulls.
+        format_name: registry name, stored in ``format``.
+        format_error: the format's own error (malformed envelope, unknown op...), null when fine; it wins over
+            the shared checks.
+    """
+    present = set(df.columns)
+    selected: list[Column] = []
+    renamed_from_message = {
+        model.TOPIC: "topic",
+        model.PARTITION: "partition",
+        model.OFFSET: "offset",
+        model.KAFKA_TIMESTAMP: "timestamp",
+        model.RAW_KEY: MESSAGE_KEY,
+        model.RAW_VALUE: MESSAGE_VALUE,
+    }
+    for fld in model.CANONICAL_SCHEMA.fields:
+        if fld.name == model.FORMAT:
+            column = F.lit(format_name)
+        elif fld.name in renamed_from_message:
+            column = F.col(renamed_from_message[fld.name])
+        elif fld.name == model.ERROR:
+            continue
+        elif fld.name in present:
+            column = F.col(fld.name)
+        elif fld.name == model.SUB_INDEX:
+            column = F.lit(0)
+        elif fld.name == model.AFTER_IS_PARTIAL:
+            column = F.lit(False)
+        else:
+            column = F.lit(None)
+        selected.append(column.cast(fld.dataType).alias(fld.name))
+    projected = df.select(*selected, format_error.alias("_format_error"))
+    error = F.coalesce(F.col("_format_error"), _checks(projected))
+    return projected.select(
+        *(F.col(c) for c in model.CANONICAL_COLUMNS if c != model.ERROR), error.alias(model.ERROR)
+    ).select(*model.CANONICAL_COLUMNS)

@@ -1,0 +1,275 @@
+"""The canonical change event: what every format decodes into, and what the apply engine reads.
+
+A decoded micro-batch is a Spark DataFrame with exactly the columns of :data:`CANONICAL_SCHEMA`, one row per
+source change (or control event). Each column is documented once, below, next to its name constant.
+
+Row images are kept as ``MAP<STRING, STRING>`` because one Kafka topic usually carries many tables with different
+columns. Every value is *canonical text*, an encoding that :func:`typed_value` turns into the column's Spark type
+without loss and without depending on the session time zone:
+
+=================  =====================================================================================
+Spark type         canonical text
+=================  =====================================================================================
+boolean            ``true`` / ``false``
+tinyint .. bigint  decimal digits with optional ``-`` (exact; never passes through a double)
+decimal(p,s)       plain decimal text, e.g. ``-12.3400``
+float, double      Spark's cast syntax, incl. ``NaN``, ``Infinity``
+string             the text itself
+binary             base64 (standard alphabet, padded)
+date               ``yyyy-MM-dd``
+timestamp          microseconds since the Unix epoch, decimal digits (an instant: UTC, never local time)
+timestamp_ntz      ``yyyy-MM-dd HH:mm:ss[.ffffff]`` (a wall-clock time without zone)
+=================  =====================================================================================
+
+SQL NULL is a map entry whose value is null. A column that is *absent* from the map was not captured by the
+event (partial image): the apply engine keeps the current value instead of writing NULL.
+
+This module imports nothing from the rest of cdclake and knows no sink, source or format.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Final
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+
+class Op(StrEnum):
+    """Canonical operation of a change event."""
+
+    INSERT = "INSERT"
+    """A new row (after image only)."""
+    UPDATE = "UPDATE"
+    """A changed row: after image, and the before image when the format carries it. An UPDATE with a before
+    image and no after image is the first half of a split update (DataWorks ``UPDATE_BEFOR``)."""
+    DELETE = "DELETE"
+    """A removed row (before image, at least its key)."""
+    UPSERT = "UPSERT"
+    """A snapshot / full-load row: insert or replace (DTS INIT, DRS INIT, Qlik REFRESH, Debezium ``r``)."""
+    TRUNCATE = "TRUNCATE"
+    """All rows of the table are removed at this position."""
+    DDL = "DDL"
+    """A schema change; the statement is in ``ddl``."""
+    HEARTBEAT = "HEARTBEAT"
+    """The source is alive and caught up to ``event_time``; no row change."""
+    TXN_BEGIN = "TXN_BEGIN"
+    """A source transaction starts."""
+    TXN_END = "TXN_END"
+    """A source transaction commits."""
+    OTHER = "OTHER"
+    """Anything else the format defines (GTID, XA end, checkpoints): counted, never applied."""
+
+
+ROW_OPS: Final = frozenset({Op.INSERT, Op.UPDATE, Op.DELETE, Op.UPSERT})
+"""Operations that change one row."""
+
+# ----------------------------------------------------------------------------------------------------------------
+# Canonical columns. Each constant is a column name of CANONICAL_SCHEMA.
+
+FORMAT: Final = "format"
+"""Registry name of the format that decoded the message, e.g. ``dataworks-json``."""
+OP: Final = "op"
+"""Canonical operation, a value of :class:`Op`."""
+VENDOR_OP: Final = "vendor_op"
+"""The operation exactly as the message spells it (for counting and alerting on OTHER/unknown ops)."""
+DB_TYPE: Final = "db_type"
+"""Source database product as the message names it (``MySQL``, ``Oracle``...), or null."""
+DATABASE: Final = "database"
+"""Source database (catalog) name, or null when the format has none."""
+SCHEMA: Final = "schema"
+"""Source schema name (Oracle, PostgreSQL, SQL Server...), or null."""
+TABLE: Final = "table"
+"""Source table name; null for stream-level events (heartbeats, transaction markers)."""
+KEY_COLUMNS: Final = "key_columns"
+"""Names of the columns that identify a row, in key order; empty when the format carries none (the pipeline
+may then use configured keys, or a row-identity column the format found, see ROW_ID_COLUMN)."""
+BEFORE: Final = "before"
+"""Before image, column name -> canonical text; null when the event carries none."""
+AFTER: Final = "after"
+"""After image, column name -> canonical text; null when the event carries none. Keys present = columns captured."""
+AFTER_IS_PARTIAL: Final = "after_is_partial"
+"""True when the after image holds only some columns (changed-only updates, masks, ``$set``); columns absent from
+``after`` then keep their current value. False for full images."""
+COLUMNS: Final = "columns"
+"""Column types of the table as the message describes them, in table order:
+``ARRAY<STRUCT<name, vendor_type, spark_type>>``; ``spark_type`` is a Spark SQL type name (see module doc)."""
+POSITION: Final = "position"
+"""Ordering position: a string whose lexicographic order is the source commit order of the changes of one row
+(built from the vendor's sequence with :func:`sortable_decimal`). Null when the format has none; the pipeline then
+falls back to the Kafka order."""
+EVENT_TIME: Final = "event_time"
+"""When the change happened at the source (or, for heartbeats, how far the source has been read)."""
+TXN_ID: Final = "txn_id"
+"""Source transaction id, or null."""
+DDL: Final = "ddl"
+"""DDL statement text for DDL and TRUNCATE events, else null. Never executed: parsed and validated first."""
+TOPIC: Final = "topic"
+"""Kafka topic of the message (for file replays: the file it came from)."""
+PARTITION: Final = "partition"
+"""Kafka partition of the message."""
+OFFSET: Final = "offset"
+"""Kafka offset of the message (for file replays: its line number, counting across files in order)."""
+SUB_INDEX: Final = "sub_index"
+"""Position of the event inside its message, for formats that pack several rows into one message; else 0."""
+KAFKA_TIMESTAMP: Final = "kafka_timestamp"
+"""Kafka record timestamp, or null."""
+ERROR: Final = "error"
+"""Why the message could not be decoded; null for good events. Rows with an error go to the dead letters."""
+RAW_KEY: Final = "raw_key"
+"""The Kafka key bytes as received (kept for dead letters)."""
+RAW_VALUE: Final = "raw_value"
+"""The Kafka value bytes as received (kept for dead letters)."""
+
+COLUMN_TYPE = StructType(
+    [
+        StructField("name", StringType()),
+        StructField("vendor_type", StringType()),
+        StructField("spark_type", StringType()),
+    ]
+)
+"""Element type of :data:`COLUMNS`."""
+
+_IMAGE = MapType(StringType(), StringType(), valueContainsNull=True)
+
+CANONICAL_SCHEMA: Final = StructType(
+    [
+        StructField(FORMAT, StringType(), False),
+        StructField(OP, StringType()),
+        StructField(VENDOR_OP, StringType()),
+        StructField(DB_TYPE, StringType()),
+        StructField(DATABASE, StringType()),
+        StructField(SCHEMA, StringType()),
+        StructField(TABLE, StringType()),
+        StructField(KEY_COLUMNS, ArrayType(StringType())),
+        StructField(BEFORE, _IMAGE),
+        StructField(AFTER, _IMAGE),
+        StructField(AFTER_IS_PARTIAL, BooleanType()),
+        StructField(COLUMNS, ArrayType(COLUMN_TYPE)),
+        StructField(POSITION, StringType()),
+        StructField(EVENT_TIME, TimestampType()),
+        StructField(TXN_ID, StringType()),
+        StructField(DDL, StringType()),
+        StructField(TOPIC, StringType()),
+        StructField(PARTITION, IntegerType()),
+        StructField(OFFSET, LongType()),
+        StructField(SUB_INDEX, IntegerType()),
+        StructField(KAFKA_TIMESTAMP, TimestampType()),
+        StructField(ERROR, StringType()),
+        StructField(RAW_KEY, BinaryType()),
+        StructField(RAW_VALUE, BinaryType()),
+    ]
+)
+"""Schema of a decoded batch, in this column order."""
+
+CANONICAL_COLUMNS: Final = tuple(CANONICAL_SCHEMA.fieldNames())
+
+ROW_ID_COLUMN: Final = "_cdc_row_id"
+"""Row identity of a key-less table, taken from a hidden source column (MySQL RDS ``#alibaba_rds_row_id#``,
+Oracle ``rowid``...). Formats put it into the images under this name and list it as the only key column."""
+
+METADATA_PREFIX: Final = "_cdc_"
+"""Prefix of every column cdclake adds to user tables; source columns may not start with it."""
+
+# ----------------------------------------------------------------------------------------------------------------
+# Spark types and canonical text.
+
+SIMPLE_SPARK_TYPES: Final = frozenset(
+    {
+        "boolean",
+        "tinyint",
+        "smallint",
+        "int",
+        "bigint",
+        "float",
+        "double",
+        "string",
+        "binary",
+        "date",
+        "timestamp",
+        "timestamp_ntz",
+    }
+)
+_DECIMAL = re.compile(r"decimal\((\d{1,2}),(\d{1,2})\)")
+
+
+def is_supported_spark_type(spark_type: str) -> bool:
+    """Whether ``spark_type`` is one of the Spark types canonical text can carry."""
+    if spark_type in SIMPLE_SPARK_TYPES:
+        return True
+    match = _DECIMAL.fullmatch(spark_type)
+    return match is not None and 0 <= int(match.group(2)) <= int(match.group(1)) <= 38
+
+
+def typed_value(text: Column, spark_type: str) -> Column:
+    """Converts canonical text to ``spark_type``. Invalid text yields null (see :func:`text_is_valid`).
+
+    Args:
+        text: a column of canonical text.
+        spark_type: a Spark SQL type name accepted by :func:`is_supported_spark_type`.
+    """
+    if spark_type == "binary":
+        return F.try_to_binary(text, F.lit("base64"))
+    if spark_type == "timestamp":
+        return F.timestamp_micros(text.try_cast("bigint"))
+    if not is_supported_spark_type(spark_type):
+        raise ValueError(f"unsupported Spark type for canonical text: {spark_type!r}")
+    return text.try_cast(spark_type)
+
+
+def text_is_valid(text: Column, spark_type: Column) -> Column:
+    """Boolean column: whether ``text`` is valid canonical text for the (data-dependent) ``spark_type``.
+
+    Null text is valid (SQL NULL). Unknown types are invalid. Used by the decoder so that a value that does not
+    fit its declared type sends the message to the dead letters instead of silently becoming NULL.
+    """
+    branches = F.when(text.isNull(), F.lit(True))
+    for name in sorted(SIMPLE_SPARK_TYPES - {"string"}):
+        branches = branches.when(spark_type == name, typed_value(text, name).isNotNull())
+    return (
+        branches.when(spark_type == "string", F.lit(True))
+        .when(
+            spark_type.rlike(r"^decimal\(\d{1,2},\d{1,2}\)$"),
+            text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"),
+        )
+        .otherwise(F.lit(False))
+    )
+
+
+def sortable_decimal(digits: Column, width: int = 24) -> Column:
+    """Ordering position from a non-negative integer given as decimal text (e.g. a vendor sequence id).
+
+    Left-pads to ``width`` so that string order equals numeric order. Text that is not all digits, or is longer
+    than ``width``, yields null (the decoder reports it).
+    """
+    trimmed = F.ltrim(digits, F.lit("0"))
+    clean = F.when(trimmed == "", F.lit("0")).otherwise(trimmed)
+    return F.when(digits.rlike(r"^\d+$") & (F.length(clean) <= width), F.lpad(clean, width, "0"))
+
+
+def kafka_position(partition: Column, offset: Column) -> Column:
+    """Fallback ordering position from the Kafka coordinates, for events whose format carries none.
+
+    Starts with ``~`` so that it sorts after every vendor position (digits, letters): an event without a vendor
+    position is treated as newer than any event with one.
+    """
+    return F.concat(
+        F.lit("~"),
+        F.lpad(partition.cast("string"), 6, "0"),
+        F.lit(":"),
+        F.lpad(offset.cast("string"), 20, "0"),
+    )

@@ -1,0 +1,319 @@
+"""One batch of raw messages -> decoded events -> lake tables. Used by ``cdclake run`` (each Structured Streaming
+micro-batch, through ``foreachBatch``) and ``cdclake replay`` (chunks of capture files), so both take one path.
+
+Per batch, in this order (each commit idempotent for the batch, see cdclake.sinks.delta):
+
+1. decode every message with its topic's format; events with an error -> dead letters;
+2. plan the touched tables on the driver (columns, keys, truncates); create tables / add new columns;
+3. events whose values do not fit an existing column's type -> dead letters (never silently NULL);
+4. keyed changes -> fold per key -> gate by tombstones -> per table: truncate, then one MERGE;
+5. tombstones, schema changes (DDL text as received) and progress rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdclake import apply, model
+from cdclake.formats import get_format
+from cdclake.model import Op
+from cdclake.sinks.delta import DeltaSink, Txn
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTERS = "dead_letters"
+PROGRESS = "progress"
+SCHEMA_CHANGES = "schema_changes"
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """What the pipeline needs to know, whatever the entry point.
+
+    Attributes:
+        lake: lake directory (local path or any Hadoop file system URI).
+        app_id: idempotent-writer id; unique per checkpoint (run) or per invocation (replay).
+        default_format: format of topics not listed in ``topic_formats``.
+        topic_formats: topic -> format name.
+        format_options: format name -> its options.
+        keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
+        tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
+        name: pipeline name, recorded in bookkeeping tables.
+    """
+
+    lake: str
+    app_id: str
+    default_format: str | None = None
+    topic_formats: Mapping[str, str] = field(default_factory=dict)
+    format_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    keys: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    tombstone_retention_seconds: int = 7 * 24 * 3600
+    name: str = "cdclake"
+
+
+@dataclass
+class BatchResult:
+    """What one batch did, for progress output."""
+
+    batch_id: int
+    messages: int = 0
+    dead_letters: int = 0
+    applied: dict[str, int] = field(default_factory=dict)
+    """lake table path -> folded changes applied (after per-key folding)."""
+    ops: dict[str, int] = field(default_factory=dict)
+    """canonical op -> events decoded."""
+
+
+class Pipeline:
+    """Decodes and applies batches of raw messages into a lake of Delta tables."""
+
+    def __init__(self, spark: SparkSession, settings: PipelineSettings) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.sink = DeltaSink(spark, settings.lake)
+        # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
+        # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
+        spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
+            get_format(str(name))  # fail fast on unknown names
+
+    # -------------------------------------------------------------------------------------------------------------
+
+    def decode(self, messages: DataFrame) -> DataFrame:
+        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events."""
+        settings = self.settings
+        parts: list[DataFrame] = []
+        listed = sorted(settings.topic_formats)
+        by_format: dict[str, list[str]] = {}
+        for topic in listed:
+            by_format.setdefault(settings.topic_formats[topic], []).append(topic)
+        for name, topics in sorted(by_format.items()):
+            subset = messages.where(F.col("topic").isin(*topics))
+            parts.append(get_format(name).decode(subset, settings.format_options.get(name, {})))
+        if settings.default_format is not None:
+            rest = messages.where(~F.col("topic").isin(*listed)) if listed else messages
+            fmt = settings.default_format
+            parts.append(get_format(fmt).decode(rest, settings.format_options.get(fmt, {})))
+        if not parts:
+            raise ValueError("no format configured")
+        return reduce(DataFrame.unionByName, parts)
+
+    def process_batch(self, messages: DataFrame, batch_id: int, *, txn: bool = True) -> BatchResult:
+        """Decodes and applies one batch. Safe to call again with the same ``batch_id`` after a failure."""
+        marker = Txn(self.settings.app_id, batch_id) if txn else None
+        events = self.decode(messages).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return self._process(events, batch_id, marker)
+        finally:
+            events.unpersist()
+
+    def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
+        result = BatchResult(batch_id)
+        counts = events.groupBy(F.col(model.OP), F.col(model.ERROR).isNotNull().alias("bad")).count().collect()
+        for row in counts:
+            result.messages += row["count"]
+            if row["bad"]:
+                result.dead_letters += row["count"]
+            else:
+                result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["count"]
+        if result.messages == 0:
+            return result
+        if result.dead_letters:
+            self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
+        good = events.where(F.col(model.ERROR).isNull())
+
+        plans = apply.plan_tables(good, self.settings.keys)
+        table_columns: dict[str, list[tuple[str, str]]] = {}
+        for plan in plans:
+            table_columns[plan.table_id] = self.sink.ensure_table(plan)
+
+        misfit = self._misfit_reason(plans, table_columns)
+        if misfit is not None:
+            bad = good.where(misfit.isNotNull())
+            extra = bad.count()
+            if extra:
+                self._dead_letters(bad, misfit, batch_id, Txn(f"{txn.app_id}/misfit", txn.version) if txn else None)
+                result.dead_letters += extra
+            good = good.where(misfit.isNull())
+
+        row_plans = [p for p in plans if p.row_events or p.truncate_order]
+        if row_plans:
+            self._apply_rows(good, row_plans, table_columns, txn, result)
+        self._schema_changes(good, batch_id, txn)
+        self._progress(good, batch_id, txn)
+        if batch_id % 100 == 0:
+            self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
+        return result
+
+    def _apply_rows(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        txn: Txn | None,
+        result: BatchResult,
+    ) -> None:
+        changes = apply.row_changes(good, self.settings.keys)
+        truncated = [p for p in plans if p.truncate_order]
+        if truncated:
+            # Changes ordered before a TRUNCATE of their table in the same batch are void.
+            keep: Column = F.lit(True)
+            for plan in truncated:
+                assert plan.truncate_order is not None
+                keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
+            changes = changes.where(keep)
+        folded = self.sink.gate(apply.fold(changes), [p.table_id for p in plans])
+        folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            per_table = {row[apply.TABLE_ID]: row["count"] for row in folded.groupBy(apply.TABLE_ID).count().collect()}
+            for plan in plans:
+                path = self.sink.table_path(plan.database, plan.schema, plan.table)
+                if plan.truncate_order:
+                    self.sink.truncate(plan, txn)
+                if per_table.get(plan.table_id):
+                    self.sink.merge(
+                        plan,
+                        table_columns[plan.table_id],
+                        folded.where(F.col(apply.TABLE_ID) == plan.table_id),
+                        txn,
+                    )
+                result.applied[path] = per_table.get(plan.table_id, 0)
+            self.sink.record_tombstones(folded, truncated, txn)
+        finally:
+            folded.unpersist()
+
+    def _misfit_reason(
+        self, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
+    ) -> Column | None:
+        """Per event: why a value does not fit the lake table's existing column type (null when it fits).
+
+        The decoder already checked each value against the type its message declares; this only matters when a
+        message declares a column with another type than the table already has.
+        """
+        reason: Column | None = None
+        for plan in plans:
+            stored = {name.lower(): t for name, t in table_columns[plan.table_id]}
+            differing = [(n, t, stored[n.lower()]) for n, t in plan.columns if stored.get(n.lower(), t) != t]
+            if not differing:
+                continue
+            this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
+            for name, declared, table_type in differing:
+                for image in (F.col(model.AFTER), F.col(model.BEFORE)):
+                    text = image[name]
+                    lost = this_table & text.isNotNull() & model.typed_value(text, table_type).isNull()
+                    message = F.lit(
+                        f"value of column {name} (declared {declared}) does not fit the lake table's type {table_type}"
+                    )
+                    reason = F.when(lost, message) if reason is None else reason.when(lost, message)
+        return reason
+
+    # -------------------------------------------------------------------------------------------------------------
+    # Bookkeeping tables
+
+    def _dead_letters(self, events: DataFrame, reason: Column, batch_id: int, txn: Txn | None) -> None:
+        rows = events.select(
+            F.lit(self.settings.name).alias("pipeline"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("recorded_at"),
+            F.col(model.TOPIC).alias("topic"),
+            F.col(model.PARTITION).alias("partition"),
+            F.col(model.OFFSET).alias("offset"),
+            F.col(model.KAFKA_TIMESTAMP).alias("kafka_timestamp"),
+            F.col(model.FORMAT).alias("format"),
+            F.col(model.DATABASE).alias("database"),
+            F.col(model.TABLE).alias("table"),
+            reason.alias("reason"),
+            F.col(model.RAW_KEY).alias("key"),
+            F.col(model.RAW_VALUE).alias("value"),
+        ).dropDuplicates(["topic", "partition", "offset"])
+        self.sink.append(DEAD_LETTERS, rows, txn)
+
+    def _schema_changes(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
+        ddl = good.where(F.col(model.OP).isin(Op.DDL.value, Op.TRUNCATE.value))
+        rows = ddl.select(
+            F.lit(self.settings.name).alias("pipeline"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("recorded_at"),
+            model.DATABASE,
+            model.SCHEMA,
+            model.TABLE,
+            model.OP,
+            model.VENDOR_OP,
+            model.DDL,
+            model.POSITION,
+            model.EVENT_TIME,
+            model.TOPIC,
+            model.PARTITION,
+            model.OFFSET,
+        )
+        if not rows.isEmpty():
+            self.sink.append(SCHEMA_CHANGES, rows, txn)
+
+    def _progress(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
+        """Per table: events by op, last position, last event time. Per Kafka partition: last offset and the
+        newest event time of any event, heartbeats included (the source is read up to that time)."""
+        common = [
+            F.lit(self.settings.name).alias("pipeline"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("recorded_at"),
+        ]
+        op_counts = F.map_from_entries(F.collect_list(F.struct(F.col("op"), F.col("n"))))
+        tables = (
+            good.where(F.col(model.TABLE).isNotNull())
+            .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.OP)
+            .agg(F.count("*").alias("n"), F.max(model.POSITION).alias("p"), F.max(model.EVENT_TIME).alias("t"))
+            .groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
+            .agg(
+                op_counts.alias("ops"),
+                F.sum("n").alias("events"),
+                F.max("p").alias("last_position"),
+                F.max("t").alias("last_event_time"),
+            )
+            .select(
+                *common,
+                F.lit("table").alias("scope"),
+                model.DATABASE,
+                model.SCHEMA,
+                model.TABLE,
+                F.lit(None).cast("string").alias("topic"),
+                F.lit(None).cast("int").alias("partition"),
+                F.lit(None).cast("bigint").alias("last_offset"),
+                "events",
+                "ops",
+                "last_position",
+                "last_event_time",
+            )
+        )
+        streams = (
+            good.groupBy(model.TOPIC, model.PARTITION, model.OP)
+            .agg(F.count("*").alias("n"), F.max(model.OFFSET).alias("o"), F.max(model.EVENT_TIME).alias("t"))
+            .groupBy(model.TOPIC, model.PARTITION)
+            .agg(
+                op_counts.alias("ops"),
+                F.sum("n").alias("events"),
+                F.max("o").alias("last_offset"),
+                F.max("t").alias("last_event_time"),
+            )
+            .select(
+                *common,
+                F.lit("stream").alias("scope"),
+                F.lit(None).cast("string").alias("database"),
+                F.lit(None).cast("string").alias("schema"),
+                F.lit(None).cast("string").alias("table"),
+                model.TOPIC,
+                model.PARTITION,
+                "last_offset",
+                "events",
+                "ops",
+                F.lit(None).cast("string").alias("last_position"),
+                "last_event_time",
+            )
+        )
+        self.sink.append(PROGRESS, tables.unionByName(streams), txn)

@@ -1,0 +1,1 @@
+"""Sinks: the only package that knows a table format. Delta Lake is the default (:mod:`cdclake.sinks.delta`)."""

@@ -1,0 +1,290 @@
+"""Delta Lake sink: the only module that knows Delta.
+
+Layout under the lake directory::
+
+    <lake>/<database>/<table>          one Delta table per source table (names sanitised, see safe_name)
+    <lake>/_cdclake/tombstones         deleted keys and truncated tables, with their order (gate late events)
+    <lake>/_cdclake/progress           one row per batch and table / Kafka partition: counts, positions, times
+    <lake>/_cdclake/dead_letters       messages that could not be decoded or applied, raw bytes and reason
+    <lake>/_cdclake/schema_changes     DDL events as received
+
+Exactly once: every commit of a batch carries Delta's idempotent-writer marker (``txnAppId`` = the pipeline's
+app id, ``txnVersion`` = the batch id), so a batch re-run after a crash skips the commits that already happened;
+on top of that, row changes are gated by order, so re-applying a change is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+from pyspark.errors import AnalysisException
+
+from cdclake import apply, model
+from cdclake.apply import TablePlan
+
+POSITION_COLUMN: Final = "_cdc_position"
+"""Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
+EVENT_TIME_COLUMN: Final = "_cdc_event_time"
+"""Source time of the change that wrote the row."""
+OP_COLUMN: Final = "_cdc_op"
+"""Kind of the last change applied to the row (always UPSERT for live rows)."""
+METADATA_COLUMNS: Final = (
+    (POSITION_COLUMN, "string"),
+    (EVENT_TIME_COLUMN, "timestamp"),
+    (OP_COLUMN, "string"),
+)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def safe_name(name: str | None, default: str = "default") -> str:
+    """A path segment made of letters, digits and ``_``. A name that had to change gets a short hash suffix, so
+    two different source names never share a lake table (``a-b`` and ``a_b`` stay apart)."""
+    if not name:
+        return default
+    cleaned = _UNSAFE.sub("_", name)
+    if cleaned == name and not name.startswith("_"):
+        return name
+    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+    return f"{cleaned.strip('_')[:100] or 'x'}_{digest}"
+
+
+def quote(identifier: str) -> str:
+    """Backtick-quotes an identifier for Spark SQL text (backticks inside are doubled)."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True)
+class Txn:
+    """Idempotent-writer identity of one batch's commits."""
+
+    app_id: str
+    version: int
+
+
+class DeltaSink:
+    """Writes batches of folded changes and bookkeeping rows into a lake directory of Delta tables."""
+
+    def __init__(self, spark: SparkSession, lake: str) -> None:
+        self.spark = spark
+        self.lake = lake.rstrip("/")
+        self.system_dir = f"{self.lake}/_cdclake"
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Paths
+
+    def table_path(self, database: str | None, schema: str | None, table: str) -> str:
+        """``<lake>/<database>/<table>``; sources without a database name use their schema, else ``default``."""
+        return f"{self.lake}/{safe_name(database or schema)}/{safe_name(table)}"
+
+    def system_path(self, name: str) -> str:
+        return f"{self.system_dir}/{name}"
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Commits
+
+    @contextmanager
+    def _txn(self, txn: Txn | None) -> Iterator[None]:
+        """Marks the DML commits inside the block with ``txn`` (Delta skips them if already committed)."""
+        if txn is None:
+            yield
+            return
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", txn.app_id)
+        conf.set("spark.databricks.delta.write.txnVersion", str(txn.version))
+        try:
+            yield
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+
+    def append(self, name: str, rows: DataFrame, txn: Txn | None) -> None:
+        """Appends to a bookkeeping table under ``_cdclake`` (created on first use), once per ``txn``."""
+        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true")
+        if txn is not None:
+            writer = writer.option("txnAppId", f"{txn.app_id}").option("txnVersion", txn.version)
+        writer.save(self.system_path(name))
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Tables
+
+    def _exists(self, path: str) -> bool:
+        return DeltaTable.isDeltaTable(self.spark, path)
+
+    def ensure_table(self, plan: TablePlan) -> list[tuple[str, str]]:
+        """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        if not self._exists(path):
+            fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
+            fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
+            (
+                DeltaTable.createIfNotExists(self.spark)
+                .location(path)
+                .addColumns(StructType(fields))
+                .property("cdclake.source", ".".join(p for p in (plan.database, plan.schema, plan.table) if p))
+                .property("cdclake.keyColumns", ",".join(plan.key_columns))
+                .execute()
+            )
+        schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        existing = {f.name.lower() for f in schema.fields}
+        missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
+        if missing:
+            # Identifiers are validated by the decoder and quoted here; the statement is built, never taken
+            # from a message.
+            columns = ", ".join(f"{quote(name)} {t}" for name, t in missing)
+            try:
+                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({columns})")
+            except AnalysisException as exc:  # a concurrent run added them first
+                if "already exists" not in str(exc):
+                    raise
+            schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        meta = {name for name, _ in METADATA_COLUMNS}
+        return [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
+
+    def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
+        """Deletes every row written before the plan's TRUNCATE."""
+        assert plan.truncate_order is not None
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
+        with self._txn(marker):
+            DeltaTable.forPath(self.spark, path).delete(F.col(POSITION_COLUMN) < F.lit(plan.truncate_order))
+
+    def merge(
+        self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, txn: Txn | None
+    ) -> None:
+        """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        image = F.col(apply.IMAGE)
+        present = F.map_keys(image)
+        source_columns: list[Column] = [
+            F.col(apply.KIND).alias("_k"),
+            F.col(apply.PARTIAL).alias("_partial"),
+            F.col(apply.ORDER).alias(POSITION_COLUMN),
+            F.col(model.EVENT_TIME).alias(EVENT_TIME_COLUMN),
+            F.col(apply.KIND).alias(OP_COLUMN),
+        ]
+        for index, (name, spark_type) in enumerate(table_columns):
+            source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
+            source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
+        source = changes.select(*source_columns)
+        index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
+        missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
+        if missing_keys:
+            raise RuntimeError(f"key columns {missing_keys} are not columns of {path}")
+        condition = " AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in plan.key_columns)
+        newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
+        update_set: dict[str, str | Column] = {
+            quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
+            for i, (name, _) in enumerate(table_columns)
+        }
+        insert_values: dict[str, str | Column] = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns)}
+        for meta, _ in METADATA_COLUMNS:
+            update_set[meta] = f"s.{meta}"
+            insert_values[meta] = f"s.{meta}"
+        with self._txn(txn):
+            (
+                DeltaTable.forPath(self.spark, path)
+                .alias("t")
+                .merge(source.alias("s"), condition)
+                .whenMatchedDelete(condition=f"s._k = '{apply.DELETE}' AND {newer}")
+                .whenMatchedUpdate(condition=f"s._k = '{apply.UPSERT}' AND {newer}", set=update_set)
+                .whenNotMatchedInsert(condition=f"s._k = '{apply.UPSERT}'", values=insert_values)
+                .execute()
+            )
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Tombstones
+
+    TOMBSTONES: Final = "tombstones"
+
+    def _tombstones(self) -> DataFrame | None:
+        path = self.system_path(self.TOMBSTONES)
+        return self.spark.read.format("delta").load(path) if self._exists(path) else None
+
+    def gate(self, folded: DataFrame, table_ids: Sequence[str]) -> DataFrame:
+        """Drops folded changes older than their key's tombstone or their table's truncate."""
+        tombstones = self._tombstones()
+        if tombstones is None:
+            return folded
+        relevant = tombstones.where(F.col(apply.TABLE_ID).isin(*table_ids))
+        by_key = relevant.where(F.col(apply.ROW_KEY) != "").select(
+            apply.TABLE_ID, apply.ROW_KEY, F.col("position").alias("_tomb")
+        )
+        by_table = relevant.where(F.col(apply.ROW_KEY) == "").select(apply.TABLE_ID, F.col("position").alias("_trunc"))
+        joined = folded.join(by_key, [apply.TABLE_ID, apply.ROW_KEY], "left").join(
+            F.broadcast(by_table), [apply.TABLE_ID], "left"
+        )
+        keep = (F.col("_tomb").isNull() | (F.col(apply.ORDER) >= F.col("_tomb"))) & (
+            F.col("_trunc").isNull() | (F.col(apply.ORDER) > F.col("_trunc"))
+        )
+        return joined.where(keep).drop("_tomb", "_trunc")
+
+    def record_tombstones(self, folded: DataFrame, truncates: Sequence[TablePlan], txn: Txn | None) -> None:
+        """Upserts tombstones for deleted keys and truncated tables; removes those of keys written again."""
+        now = F.current_timestamp()
+        keyed = folded.select(
+            apply.TABLE_ID,
+            apply.ROW_KEY,
+            F.col(apply.ORDER).alias("position"),
+            apply.KIND,
+            F.col(model.EVENT_TIME).alias("event_time"),
+            now.alias("recorded_at"),
+        )
+        if truncates:
+            rows = [(p.table_id, "", p.truncate_order, apply.DELETE) for p in truncates]
+            marks = self.spark.createDataFrame(rows, "table_id string, row_key string, position string, kind string")
+            keyed = keyed.unionByName(
+                marks.select("*", F.lit(None).cast("timestamp").alias("event_time"), now.alias("recorded_at"))
+            )
+        path = self.system_path(self.TOMBSTONES)
+        if not self._exists(path):
+            (
+                DeltaTable.createIfNotExists(self.spark)
+                .location(path)
+                .addColumns(keyed.drop(apply.KIND).schema)
+                .execute()
+            )
+        columns = ["table_id", "row_key", "position", "event_time", "recorded_at"]
+        with self._txn(txn):
+            (
+                DeltaTable.forPath(self.spark, path)
+                .alias("t")
+                .merge(keyed.alias("s"), "t.table_id = s.table_id AND t.row_key = s.row_key")
+                .whenMatchedDelete(condition=f"s.kind = '{apply.UPSERT}' AND t.position <= s.position")
+                .whenMatchedUpdate(
+                    condition=f"s.kind = '{apply.DELETE}' AND t.position <= s.position",
+                    set={quote(c): f"s.{quote(c)}" for c in columns},
+                )
+                .whenNotMatchedInsert(
+                    condition=f"s.kind = '{apply.DELETE}'",
+                    values={quote(c): f"s.{quote(c)}" for c in columns},
+                )
+                .execute()
+            )
+
+    def expire_tombstones(self, retention_seconds: int) -> None:
+        """Forgets tombstones recorded more than ``retention_seconds`` ago. After that, a late event older than the
+        delete could bring the row back: choose a retention longer than any redelivery delay."""
+        path = self.system_path(self.TOMBSTONES)
+        if self._exists(path):
+            cutoff = F.current_timestamp() - F.make_interval(secs=F.lit(retention_seconds))
+            DeltaTable.forPath(self.spark, path).delete(F.col("recorded_at") < cutoff)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Reading back (status, tests)
+
+    def read(self, database: str | None, table: str, schema: str | None = None) -> DataFrame:
+        return self.spark.read.format("delta").load(self.table_path(database, schema, table))
+
+    def read_system(self, name: str) -> DataFrame | None:
+        path = self.system_path(name)
+        return self.spark.read.format("delta").load(path) if self._exists(path) else None

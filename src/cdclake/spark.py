@@ -1,0 +1,126 @@
+"""Building the SparkSession cdclake runs in.
+
+Two situations, one code path:
+
+* **Embedded (laptop, tests, demo).** No Spark is running yet and we are not under ``spark-submit``: cdclake starts
+  ``local[N]`` with the connector jars that ``make jars`` copied from Maven Central into ``jars/spark/lib`` (or the
+  folder in ``CDCLAKE_JARS_DIR``), minus any jar pyspark already ships, plus Delta's SQL extension and catalog.
+* **Cluster (spark-submit, YARN, Kubernetes).** The user passes the same Maven coordinates with ``--packages``
+  (:data:`MAVEN_PACKAGES`); cdclake only takes the existing session and sets nothing that the submitter owns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+from cdclake.exceptions import EnvironmentSetupError
+
+MAVEN_PACKAGES: Final = (
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1",
+    "org.apache.spark:spark-avro_2.13:4.1.1",
+    "io.delta:delta-spark_4.1_2.13:4.4.0",
+    "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0",
+)
+"""The JVM packages cdclake needs; the same list as ``jars/spark/pom.xml``, for ``spark-submit --packages``."""
+
+DELTA_CONF: Final = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+EMBEDDED_CONF: Final = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # Small machines: 200 shuffle partitions means 200 tiny tasks and files per MERGE. AQE stays on.
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.memory": "4g",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+}
+
+_VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")
+
+
+def default_jars_dir() -> Path:
+    """Where ``make jars`` puts the connector jars: ``$CDCLAKE_JARS_DIR`` or ``<repo>/jars/spark/lib``."""
+    configured = os.environ.get("CDCLAKE_JARS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "jars" / "spark" / "lib"
+
+
+def connector_jars(jars_dir: Path | None = None) -> list[Path]:
+    """The jars to add to an embedded session: those in ``jars_dir`` whose artifact pyspark does not ship.
+
+    Maven copies the full runtime closure (Hadoop, Jackson, Parquet...); loading a second, older copy of a jar that
+    Spark already has breaks class loading, so those are left out by artifact name.
+    """
+    import pyspark
+
+    folder = jars_dir or default_jars_dir()
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    if not jars:
+        raise EnvironmentSetupError(
+            f"no connector jars in {folder}. Run `make jars` (Maven copies them from Maven Central), "
+            "set CDCLAKE_JARS_DIR to a folder that has them, or run under spark-submit with --packages "
+            + ",".join(MAVEN_PACKAGES)
+        )
+    shipped_dir = Path(pyspark.__file__).parent / "jars"
+    shipped = {_VERSION_SUFFIX.sub("", p.name) for p in shipped_dir.glob("*.jar")}
+    return [jar for jar in jars if _VERSION_SUFFIX.sub("", jar.name) not in shipped]
+
+
+def _under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT_OPTS" in os.environ
+
+
+def get_session(
+    app_name: str = "cdclake",
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Returns the active SparkSession, or starts an embedded one configured for cdclake.
+
+    Args:
+        app_name: Spark application name.
+        master: Spark master for an embedded session (default ``local[*]``: one thread per core).
+        conf: extra Spark settings; for an existing session they are set only when they are runtime settings.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None or _under_spark_submit():
+        session = active or SparkSession.builder.appName(app_name).getOrCreate()
+        _ensure_delta(session)
+        for key, value in (conf or {}).items():
+            session.conf.set(key, value)
+        return session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
+    settings = {**EMBEDDED_CONF, **DELTA_CONF, **(conf or {})}
+    settings["spark.jars"] = ",".join(str(p) for p in connector_jars())
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def _ensure_delta(session: SparkSession) -> None:
+    extensions = session.conf.get("spark.sql.extensions", "") or ""
+    if "DeltaSparkSessionExtension" not in extensions:
+        raise EnvironmentSetupError(
+            "the Spark session has no Delta Lake extension. Submit with "
+            f"--packages {','.join(MAVEN_PACKAGES)} "
+            "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
+            "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )

@@ -1,0 +1,48 @@
+"""Session fixtures: one real local SparkSession with Delta, and one real local Kafka broker (KRaft)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("CDCLAKE_SHARED", REPO.parent / "shared"))
+TEST_BROKER_PORT = int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19292"))
+
+# Python renders Spark timestamps in the process time zone; golden files are written in UTC.
+os.environ["TZ"] = "UTC"
+time.tzset()
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    from cdclake.spark import get_session
+
+    session = get_session("cdclake-tests", master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[str]:
+    """Bootstrap servers of a real broker started for this test session (stopped at the end)."""
+    from cdclake.devtools import broker
+
+    directory = Path(tempfile.mkdtemp(prefix="cdclake-kafka-"))
+    info = broker.start(directory, TEST_BROKER_PORT, fresh=True)
+    try:
+        yield info.bootstrap_servers
+    finally:
+        broker.stop(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> str:
+    return str(tmp_path / "lake")

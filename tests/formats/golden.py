@@ -1,0 +1,81 @@
+"""Golden decode cases: ``tests/cases/<format>/<scenario>.input.jsonl`` -> ``<scenario>.expected.jsonl``.
+
+Input lines follow ``shared/formats/examples``: ``{"case", "key", "value"}`` where ``value`` is the message as JSON
+(serialised compactly), or ``value_raw`` (text sent verbatim, for malformed input) or ``value_b64`` (binary).
+Expected lines are canonical events, one per decoded event in message order, with the fields of EXPECTED_FIELDS.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+CASES = Path(__file__).resolve().parents[1] / "cases"
+
+EXPECTED_FIELDS = (
+    "op",
+    "vendor_op",
+    "db_type",
+    "database",
+    "schema",
+    "table",
+    "key_columns",
+    "before",
+    "after",
+    "after_is_partial",
+    "columns",
+    "position",
+    "event_time",
+    "txn_id",
+    "ddl",
+    "sub_index",
+    "error",
+)
+
+
+def scenarios(format_name: str) -> list[str]:
+    return sorted(p.name.removesuffix(".input.jsonl") for p in (CASES / format_name).glob("*.input.jsonl"))
+
+
+def message_bytes(line: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
+    key = line.get("key")
+    key_bytes = None if key is None else (key.encode() if isinstance(key, str) else json.dumps(key).encode())
+    if "value_raw" in line:
+        return key_bytes, line["value_raw"].encode("utf-8")
+    if "value_b64" in line:
+        return key_bytes, base64.b64decode(line["value_b64"])
+    value = line.get("value")
+    return key_bytes, None if value is None else json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+def messages_frame(spark: SparkSession, lines: list[dict[str, Any]], topic: str = "golden") -> DataFrame:
+    rows = [(*message_bytes(line), topic, 0, offset, None) for offset, line in enumerate(lines)]
+    return spark.createDataFrame(
+        rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+    )
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def canonical_rows(decoded: DataFrame) -> list[dict[str, Any]]:
+    """Decoded events as JSON-ready dicts, in message order."""
+    rows = decoded.orderBy("offset", "sub_index").collect()
+    out = []
+    for row in rows:
+        item = row.asDict(recursive=True)
+        record: dict[str, Any] = {}
+        for name in EXPECTED_FIELDS:
+            value = item[name]
+            if name == "columns" and value is not None:
+                value = [[c["name"], c["vendor_type"], c["spark_type"]] for c in value]
+            elif name == "event_time" and value is not None:
+                value = value.isoformat()
+            record[name] = value
+        out.append(record)
+    return out
