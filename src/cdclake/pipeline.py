@@ -13,7 +13,10 @@ Per batch, in this order (each commit idempotent for the batch, see cdclake.sink
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -56,6 +59,7 @@ class PipelineSettings:
     keys: Mapping[str, Sequence[str]] = field(default_factory=dict)
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
+    merge_threads: int = 4
 
 
 @dataclass
@@ -69,6 +73,16 @@ class BatchResult:
     """lake table path -> folded changes applied (after per-key folding)."""
     ops: dict[str, int] = field(default_factory=dict)
     """canonical op -> events decoded."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """step -> wall-clock seconds spent in it (for tuning and benchmarks)."""
+
+    @contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - started
 
 
 class Pipeline:
@@ -78,6 +92,7 @@ class Pipeline:
         self.spark = spark
         self.settings = settings
         self.sink = DeltaSink(spark, settings.lake)
+        self.merge_threads = max(1, settings.merge_threads)
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
@@ -116,7 +131,8 @@ class Pipeline:
 
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
         result = BatchResult(batch_id)
-        counts = events.groupBy(F.col(model.OP), F.col(model.ERROR).isNotNull().alias("bad")).count().collect()
+        with result.timed("decode"):
+            counts = events.groupBy(F.col(model.OP), F.col(model.ERROR).isNotNull().alias("bad")).count().collect()
         for row in counts:
             result.messages += row["count"]
             if row["bad"]:
@@ -126,30 +142,37 @@ class Pipeline:
         if result.messages == 0:
             return result
         if result.dead_letters:
-            self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
+            with result.timed("dead_letters"):
+                self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
         good = events.where(F.col(model.ERROR).isNull())
 
-        plans = apply.plan_tables(good, self.settings.keys)
-        table_columns: dict[str, list[tuple[str, str]]] = {}
-        for plan in plans:
-            table_columns[plan.table_id] = self.sink.ensure_table(plan)
+        with result.timed("plan"):
+            plans = apply.plan_tables(good, self.settings.keys)
+            table_columns = {plan.table_id: self.sink.ensure_table(plan) for plan in plans}
 
         misfit = self._misfit_reason(plans, table_columns)
         if misfit is not None:
-            bad = good.where(misfit.isNotNull())
-            extra = bad.count()
-            if extra:
-                self._dead_letters(bad, misfit, batch_id, Txn(f"{txn.app_id}/misfit", txn.version) if txn else None)
-                result.dead_letters += extra
-            good = good.where(misfit.isNull())
+            with result.timed("misfit"):
+                bad = good.where(misfit.isNotNull())
+                extra = bad.count()
+                if extra:
+                    marker = Txn(f"{txn.app_id}/misfit", txn.version) if txn else None
+                    self._dead_letters(bad, misfit, batch_id, marker)
+                    result.dead_letters += extra
+                good = good.where(misfit.isNull())
 
         row_plans = [p for p in plans if p.row_events or p.truncate_order]
         if row_plans:
             self._apply_rows(good, row_plans, table_columns, txn, result)
-        self._schema_changes(good, batch_id, txn)
-        self._progress(good, batch_id, txn)
+        if any(p.ddl_count or p.truncate_order for p in plans):
+            with result.timed("schema_changes"):
+                self._schema_changes(good, batch_id, txn)
+        with result.timed("progress"):
+            self._progress(good, batch_id, txn)
         if batch_id % 100 == 0:
-            self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
+            with result.timed("expire_tombstones"):
+                self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
+        log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
 
     def _apply_rows(
@@ -169,23 +192,39 @@ class Pipeline:
                 assert plan.truncate_order is not None
                 keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
             changes = changes.where(keep)
-        folded = self.sink.gate(apply.fold(changes), [p.table_id for p in plans])
-        folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
+        with result.timed("fold"):
+            folded = self.sink.gate(apply.fold(changes), [p.table_id for p in plans])
+            folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
+            stats = {
+                row[apply.TABLE_ID]: row
+                for row in folded.groupBy(apply.TABLE_ID)
+                .agg(
+                    F.count("*").alias("changes"),
+                    F.sum(F.when(F.col(apply.KIND) == apply.DELETE, 1).otherwise(0)).alias("deletes"),
+                )
+                .collect()
+            }
         try:
-            per_table = {row[apply.TABLE_ID]: row["count"] for row in folded.groupBy(apply.TABLE_ID).count().collect()}
+            with result.timed("merge"):
+                for plan in truncated:
+                    self.sink.truncate(plan, txn)
+                merges = [p for p in plans if p.table_id in stats]
+
+                def merge(plan: apply.TablePlan) -> None:
+                    table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
+                    self.sink.merge(plan, table_columns[plan.table_id], table_changes)
+
+                # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
+                # commit I/O dominate small batches). They share the batch's idempotency marker.
+                with self.sink.idempotent(txn), ThreadPoolExecutor(max_workers=self.merge_threads) as pool:
+                    for future in [pool.submit(merge, plan) for plan in merges]:
+                        future.result()
             for plan in plans:
                 path = self.sink.table_path(plan.database, plan.schema, plan.table)
-                if plan.truncate_order:
-                    self.sink.truncate(plan, txn)
-                if per_table.get(plan.table_id):
-                    self.sink.merge(
-                        plan,
-                        table_columns[plan.table_id],
-                        folded.where(F.col(apply.TABLE_ID) == plan.table_id),
-                        txn,
-                    )
-                result.applied[path] = per_table.get(plan.table_id, 0)
-            self.sink.record_tombstones(folded, truncated, txn)
+                result.applied[path] = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
+            if truncated or any(row["deletes"] for row in stats.values()):
+                with result.timed("tombstones"):
+                    self.sink.record_tombstones(folded, truncated, txn)
         finally:
             folded.unpersist()
 

@@ -66,9 +66,9 @@ def replay(
     from cdclake.runner import replay as run_replay
     from cdclake.sources.files import check_files
 
+    key_map = _parse_keys(keys or [])
     get_format(format_name)
     check_files(files)
-    key_map = _parse_keys(keys or [])
     spark = _session()
     with out.status("replaying...") as status:
         results = run_replay(

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, _parse_datatype_string
-from pyspark.errors import AnalysisException
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -93,7 +93,7 @@ class DeltaSink:
     # Commits
 
     @contextmanager
-    def _txn(self, txn: Txn | None) -> Iterator[None]:
+    def idempotent(self, txn: Txn | None) -> Iterator[None]:
         """Marks the DML commits inside the block with ``txn`` (Delta skips them if already committed)."""
         if txn is None:
             yield
@@ -132,6 +132,8 @@ class DeltaSink:
                 .addColumns(StructType(fields))
                 .property("cdclake.source", ".".join(p for p in (plan.database, plan.schema, plan.table) if p))
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
+                # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
+                .property("delta.dataSkippingStatsColumns", ",".join([*plan.key_columns, POSITION_COLUMN]))
                 .execute()
             )
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
@@ -155,13 +157,15 @@ class DeltaSink:
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        with self._txn(marker):
+        with self.idempotent(marker):
             DeltaTable.forPath(self.spark, path).delete(F.col(POSITION_COLUMN) < F.lit(plan.truncate_order))
 
-    def merge(
-        self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, txn: Txn | None
-    ) -> None:
-        """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order."""
+    def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
+        """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order.
+
+        Run it inside :meth:`idempotent` so that a re-run of the batch skips it. Several tables' merges of one batch
+        may run concurrently inside the same block: they share the batch's marker, one commit per table.
+        """
         path = self.table_path(plan.database, plan.schema, plan.table)
         image = F.col(apply.IMAGE)
         present = F.map_keys(image)
@@ -190,16 +194,15 @@ class DeltaSink:
         for meta, _ in METADATA_COLUMNS:
             update_set[meta] = f"s.{meta}"
             insert_values[meta] = f"s.{meta}"
-        with self._txn(txn):
-            (
-                DeltaTable.forPath(self.spark, path)
-                .alias("t")
-                .merge(source.alias("s"), condition)
-                .whenMatchedDelete(condition=f"s._k = '{apply.DELETE}' AND {newer}")
-                .whenMatchedUpdate(condition=f"s._k = '{apply.UPSERT}' AND {newer}", set=update_set)
-                .whenNotMatchedInsert(condition=f"s._k = '{apply.UPSERT}'", values=insert_values)
-                .execute()
-            )
+        (
+            DeltaTable.forPath(self.spark, path)
+            .alias("t")
+            .merge(source.alias("s"), condition)
+            .whenMatchedDelete(condition=f"s._k = '{apply.DELETE}' AND {newer}")
+            .whenMatchedUpdate(condition=f"s._k = '{apply.UPSERT}' AND {newer}", set=update_set)
+            .whenNotMatchedInsert(condition=f"s._k = '{apply.UPSERT}'", values=insert_values)
+            .execute()
+        )
 
     # ---------------------------------------------------------------------------------------------------------
     # Tombstones
@@ -207,8 +210,12 @@ class DeltaSink:
     TOMBSTONES: Final = "tombstones"
 
     def _tombstones(self) -> DataFrame | None:
+        """The newest tombstone per key (and per truncated table, under row key ``""``)."""
         path = self.system_path(self.TOMBSTONES)
-        return self.spark.read.format("delta").load(path) if self._exists(path) else None
+        if not self._exists(path):
+            return None
+        log = self.spark.read.format("delta").load(path)
+        return log.groupBy(apply.TABLE_ID, apply.ROW_KEY).agg(F.max("position").alias("position"))
 
     def gate(self, folded: DataFrame, table_ids: Sequence[str]) -> DataFrame:
         """Drops folded changes older than their key's tombstone or their table's truncate."""
@@ -229,47 +236,24 @@ class DeltaSink:
         return joined.where(keep).drop("_tomb", "_trunc")
 
     def record_tombstones(self, folded: DataFrame, truncates: Sequence[TablePlan], txn: Txn | None) -> None:
-        """Upserts tombstones for deleted keys and truncated tables; removes those of keys written again."""
+        """Appends tombstones for the deleted keys and truncated tables of a batch.
+
+        Append-only on purpose: a tombstone never has to be removed for correctness. A key written again after its
+        delete carries a newer order in its row, and the row gate rejects anything older than that; the tombstone
+        only matters while the row is absent. Old tombstones go by retention (:meth:`expire_tombstones`).
+        """
         now = F.current_timestamp()
-        keyed = folded.select(
+        deleted = folded.where(F.col(apply.KIND) == apply.DELETE).select(
             apply.TABLE_ID,
             apply.ROW_KEY,
             F.col(apply.ORDER).alias("position"),
-            apply.KIND,
             F.col(model.EVENT_TIME).alias("event_time"),
-            now.alias("recorded_at"),
         )
         if truncates:
-            rows = [(p.table_id, "", p.truncate_order, apply.DELETE) for p in truncates]
-            marks = self.spark.createDataFrame(rows, "table_id string, row_key string, position string, kind string")
-            keyed = keyed.unionByName(
-                marks.select("*", F.lit(None).cast("timestamp").alias("event_time"), now.alias("recorded_at"))
-            )
-        path = self.system_path(self.TOMBSTONES)
-        if not self._exists(path):
-            (
-                DeltaTable.createIfNotExists(self.spark)
-                .location(path)
-                .addColumns(keyed.drop(apply.KIND).schema)
-                .execute()
-            )
-        columns = ["table_id", "row_key", "position", "event_time", "recorded_at"]
-        with self._txn(txn):
-            (
-                DeltaTable.forPath(self.spark, path)
-                .alias("t")
-                .merge(keyed.alias("s"), "t.table_id = s.table_id AND t.row_key = s.row_key")
-                .whenMatchedDelete(condition=f"s.kind = '{apply.UPSERT}' AND t.position <= s.position")
-                .whenMatchedUpdate(
-                    condition=f"s.kind = '{apply.DELETE}' AND t.position <= s.position",
-                    set={quote(c): f"s.{quote(c)}" for c in columns},
-                )
-                .whenNotMatchedInsert(
-                    condition=f"s.kind = '{apply.DELETE}'",
-                    values={quote(c): f"s.{quote(c)}" for c in columns},
-                )
-                .execute()
-            )
+            rows = [(p.table_id, "", p.truncate_order) for p in truncates]
+            marks = self.spark.createDataFrame(rows, "table_id string, row_key string, position string")
+            deleted = deleted.unionByName(marks.select("*", F.lit(None).cast("timestamp").alias("event_time")))
+        self.append(self.TOMBSTONES, deleted.withColumn("recorded_at", now), txn)
 
     def expire_tombstones(self, retention_seconds: int) -> None:
         """Forgets tombstones recorded more than ``retention_seconds`` ago. After that, a late event older than the

@@ -1,0 +1,148 @@
+"""The fold: all changes of a key in a batch, in source order, reduced to one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from cdclake import apply, model
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = [("id", "LONG", "bigint"), ("a", "STRING", "string"), ("b", "STRING", "string")]
+
+
+def _event(op, position, offset, before=None, after=None, partial=False, table="t"):
+    return {
+        "format": "test",
+        "op": op,
+        "vendor_op": op,
+        "db_type": None,
+        "database": "d",
+        "schema": None,
+        "table": table,
+        "key_columns": ["id"],
+        "before": before,
+        "after": after,
+        "after_is_partial": partial,
+        "columns": [{"name": n, "vendor_type": v, "spark_type": s} for n, v, s in COLUMNS],
+        "position": position,
+        "event_time": datetime(2024, 1, 1),
+        "txn_id": None,
+        "ddl": None,
+        "topic": "k",
+        "partition": 0,
+        "offset": offset,
+        "sub_index": 0,
+        "kafka_timestamp": None,
+        "error": None,
+        "raw_key": None,
+        "raw_value": None,
+    }
+
+
+def _fold(spark, events):
+    frame = spark.createDataFrame(events, model.CANONICAL_SCHEMA)
+    rows = apply.fold(apply.row_changes(frame)).orderBy(apply.ROW_KEY).collect()
+    return {r[apply.ROW_KEY]: (r[apply.KIND], r[apply.IMAGE], r[apply.PARTIAL], r[apply.ORDER]) for r in rows}
+
+
+def test_changes_apply_in_position_order_not_arrival_order(spark) -> None:
+    folded = _fold(
+        spark,
+        [
+            _event("UPDATE", "0003", 0, after={"id": "1", "a": "third", "b": None}),
+            _event("INSERT", "0001", 1, after={"id": "1", "a": "first", "b": None}),
+            _event("UPDATE", "0002", 2, after={"id": "1", "a": "second", "b": None}),
+        ],
+    )
+    assert folded['["1"]'][:2] == ("UPSERT", {"id": "1", "a": "third", "b": None})
+
+
+def test_split_update_halves_and_a_late_duplicate_first_half(spark) -> None:
+    full = {"id": "1", "a": "x", "b": "y"}
+    folded = _fold(
+        spark,
+        [
+            _event("UPDATE", "0005", 0, before={"id": "1", "a": "old", "b": "y"}),  # UPDATE_BEFOR
+            _event("UPDATE", "0005", 1, after=full),  # UPDATE_AFTER
+            _event("UPDATE", "0005", 2, before={"id": "1", "a": "old", "b": "y"}),  # re-sent BEFOR, later offset
+        ],
+    )
+    kind, image, partial, order = folded['["1"]']
+    assert (kind, image, partial) == ("UPSERT", full, False)
+    assert order == "0005/1"  # the second half's order: a re-sent first half ("0005/0") can never delete the row
+
+
+def test_primary_key_change_deletes_the_old_key(spark) -> None:
+    folded = _fold(
+        spark,
+        [
+            _event(
+                "UPDATE", "0007", 0, before={"id": "1", "a": "x", "b": None}, after={"id": "2", "a": "x", "b": None}
+            ),
+        ],
+    )
+    assert folded['["1"]'][0] == "DELETE"
+    assert folded['["2"]'][:2] == ("UPSERT", {"id": "2", "a": "x", "b": None})
+
+
+def test_partial_images_overlay_in_order_and_keep_absent_columns(spark) -> None:
+    folded = _fold(
+        spark,
+        [
+            _event("UPDATE", "0002", 0, after={"id": "1", "a": "A2"}, partial=True),
+            _event("UPDATE", "0003", 1, after={"id": "1", "b": None}, partial=True),
+            _event("INSERT", "0001", 2, after={"id": "2", "a": "a", "b": "b"}),
+            _event("UPDATE", "0002", 3, after={"id": "2", "b": "B"}, partial=True),
+            _event("DELETE", "0001", 4, before={"id": "3", "a": "a", "b": "b"}),
+            _event("UPDATE", "0002", 5, after={"id": "3", "a": "A"}, partial=True),
+        ],
+    )
+    # Only partial images: still partial, absent columns keep the stored row's values; NULL is a value.
+    assert folded['["1"]'][:3] == ("UPSERT", {"id": "1", "a": "A2", "b": None}, True)
+    # On top of a full image in the same batch: complete.
+    assert folded['["2"]'][:3] == ("UPSERT", {"id": "2", "a": "a", "b": "B"}, False)
+    # After a delete: starts from nothing; absent columns are NULL, not the deleted row's.
+    assert folded['["3"]'][:3] == ("UPSERT", {"id": "3", "a": "A"}, False)
+
+
+def test_kafka_order_is_the_fallback_position(spark) -> None:
+    folded = _fold(
+        spark,
+        [
+            _event("INSERT", None, 10, after={"id": "1", "a": "later", "b": None}),
+            _event("INSERT", None, 9, after={"id": "1", "a": "earlier", "b": None}),
+        ],
+    )
+    _kind, image, _, order = folded['["1"]']
+    assert image["a"] == "later"
+    assert order.startswith("~")  # sorts after every vendor position
+
+
+def test_plan_tables_collects_columns_keys_and_truncates(spark) -> None:
+    truncate = _event("TRUNCATE", "0009", 3)
+    truncate.update(before=None, after=None, columns=None, key_columns=None)
+    events = [
+        _event("INSERT", "0001", 0, after={"id": "1", "a": "x", "b": None}),
+        truncate,
+        _event("INSERT", "0001", 1, after={"id": "1"}, table="u"),
+    ]
+    events[2]["columns"] = [{"name": "id", "vendor_type": "LONG", "spark_type": "bigint"}]
+    plans = {p.table: p for p in apply.plan_tables(spark.createDataFrame(events, model.CANONICAL_SCHEMA))}
+    assert plans["t"].columns == [("id", "bigint"), ("a", "string"), ("b", "string")]
+    assert plans["t"].key_columns == ["id"]
+    assert plans["t"].truncate_order == "0009/1"
+    assert plans["u"].columns == [("id", "bigint")]
+    assert plans["u"].truncate_order is None
+
+
+def test_configured_keys_override_and_full_image_fallback(spark) -> None:
+    event = _event("INSERT", "1", 0, after={"id": "1", "a": "x", "b": None})
+    event["key_columns"] = []
+    frame = spark.createDataFrame([event], model.CANONICAL_SCHEMA)
+    assert frame.select(apply.effective_keys(frame, {})).first()[0] == ["id", "a", "b"]
+    assert frame.select(apply.effective_keys(frame, {"d.t": ["a"]})).first()[0] == ["a"]
+    assert frame.select(apply.effective_keys(frame, {"t": ["b", "a"]})).first()[0] == ["b", "a"]
+    assert frame.select(apply.effective_keys(frame, {"other.t": ["b"]})).first()[0] == ["id", "a", "b"]

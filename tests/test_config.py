@@ -1,0 +1,81 @@
+"""Configuration errors name the key and the fix; secrets are never printed."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdclake.config import load_config, parse_config
+from cdclake.exceptions import ConfigError
+
+GOOD = {
+    "lake": "/data/lake",
+    "kafka": {"bootstrap_servers": "b:9092", "topics": ["t"]},
+    "format": "dataworks-json",
+}
+
+
+def _with(**changes: object) -> dict:
+    data = {**GOOD, "kafka": dict(GOOD["kafka"])}  # type: ignore[arg-type]
+    for key, value in changes.items():
+        if key.startswith("kafka_"):
+            data["kafka"][key.removeprefix("kafka_")] = value
+        else:
+            data[key] = value
+    return data
+
+
+def test_good_config_defaults() -> None:
+    config = parse_config(GOOD)
+    assert config.checkpoint_location == "/data/lake/_cdclake/checkpoints/cdclake"
+    options = config.kafka.spark_options()
+    assert options["subscribe"] == "t"
+    assert options["startingOffsets"] == "earliest"
+    assert options["maxOffsetsPerTrigger"] == "200000"
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "fix"),
+    [
+        ({k: v for k, v in GOOD.items() if k != "lake"}, "lake", "lake: /data/lake"),
+        (_with(kafka={"topics": ["t"]}), "kafka.bootstrap_servers", "bootstrap_servers: host:port"),
+        (_with(kafka_topics=None), "kafka.topics", "topic_pattern"),
+        (_with(kafka_topic_pattern="x.*"), "kafka.topics", "exactly one"),
+        (_with(kafka_starting_offsets="yesterday"), "kafka.starting_offsets", "earliest"),
+        (_with(format="dataworks-xml"), "format", "cdclake formats"),
+        (_with(format=None), "format", "cdclake formats"),
+        (_with(trigger={"every": 1}), "trigger.every", "spelling"),
+        (_with(trigger={"processing_time": 5}), "trigger.processing_time", "10 seconds"),
+        (_with(lakes="/x"), "lakes", "spelling"),
+        (_with(keys={"crm.t": []}), "keys", "keys: {crm.audit_log: [id]}"),
+    ],
+)
+def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.key == key
+    assert fix in info.value.fix
+    assert f"'{key}'" in str(info.value)
+
+
+def test_kafka_options_pass_through_and_secrets_are_redacted() -> None:
+    config = parse_config(
+        _with(kafka_options={"security.protocol": "SASL_SSL", "sasl.jaas.config": "user=u password=hunter2"})
+    )
+    assert config.kafka.spark_options()["kafka.sasl.jaas.config"] == "user=u password=hunter2"
+    redacted = config.kafka.redacted_options()
+    assert redacted["kafka.sasl.jaas.config"] == "***"
+    assert redacted["kafka.security.protocol"] == "SASL_SSL"
+    assert "hunter2" not in str(redacted)
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lake: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar)

@@ -1,0 +1,67 @@
+"""Canonical text, positions and type checks."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from cdclake import model
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.mark.parametrize(
+    ("text", "spark_type", "expected"),
+    [
+        ("9223372036854775807", "bigint", 9223372036854775807),
+        ("-12.3400", "decimal(10,4)", __import__("decimal").Decimal("-12.3400")),
+        ("AAEC", "binary", b"\x00\x01\x02"),
+        ("0", "timestamp", __import__("datetime").datetime(1970, 1, 1)),
+        ("1709288131123456", "timestamp", __import__("datetime").datetime(2024, 3, 1, 10, 15, 31, 123456)),
+        ("2024-02-29", "date", __import__("datetime").date(2024, 2, 29)),
+        ("true", "boolean", True),
+        ("NaN", "double", float("nan")),
+        ("x", "bigint", None),
+    ],
+)
+def test_typed_value(spark, text: str, spark_type: str, expected: object) -> None:
+    value = spark.range(1).select(model.typed_value(F.lit(text), spark_type)).first()[0]
+    if isinstance(expected, float) and expected != expected:
+        assert value != value
+    else:
+        assert value == expected
+
+
+def test_text_is_valid_per_declared_type(spark) -> None:
+    cases = [
+        ("1", "bigint", True),
+        ("1.5", "bigint", False),
+        ("1e400", "double", True),
+        ("%%", "binary", False),
+        ("zz", "binary", True),
+        (None, "bigint", True),
+        ("12.5", "decimal(10,2)", True),
+        ("1,5", "decimal(10,2)", False),
+        ("x", "geometry", False),
+        ("anything", "string", True),
+    ]
+    frame = spark.createDataFrame(cases, "text string, t string, ok boolean")
+    result = frame.select("text", "t", "ok", model.text_is_valid(F.col("text"), F.col("t")).alias("got")).collect()
+    assert [(r["text"], r["t"], r["got"]) for r in result] == [(r["text"], r["t"], r["ok"]) for r in result]
+
+
+def test_sortable_decimal_orders_like_numbers(spark) -> None:
+    values = ["9", "10", "0009", "17092881310000000001", "12ab", "", "123456789012345678901234567"]
+    frame = spark.createDataFrame([(v,) for v in values], "v string")
+    got = {r["v"]: r["p"] for r in frame.select("v", model.sortable_decimal(F.col("v")).alias("p")).collect()}
+    assert got["9"] < got["10"] < got["17092881310000000001"]
+    assert got["9"] == got["0009"]
+    assert got["12ab"] is None
+    assert got[""] is None
+    assert got["123456789012345678901234567"] is None  # wider than the position: reported, never truncated
+
+
+def test_supported_types() -> None:
+    assert model.is_supported_spark_type("decimal(38,10)")
+    assert not model.is_supported_spark_type("decimal(10,12)")
+    assert not model.is_supported_spark_type("map<string,string>")
