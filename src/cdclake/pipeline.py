@@ -96,6 +96,9 @@ class Pipeline:
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+        # Spark still writes timestamps as legacy INT96 by default; other Delta readers (delta-rs, Trino, DuckDB)
+        # expect the standard TIMESTAMP_MICROS with UTC semantics.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
             get_format(str(name))  # fail fast on unknown names
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -107,6 +108,9 @@ def get_session(
         return session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers (used for local data such as small driver-built frames) must run the driver's interpreter
+    # and packages, not whatever `python3` is first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
     settings = {**EMBEDDED_CONF, **DELTA_CONF, **(conf or {})}
     settings["spark.jars"] = ",".join(str(p) for p in connector_jars())

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
+from cdclake.status import lake_status
 from cdclake.workload import to_b64_lines
 from tests.e2e.helpers import assert_lake_equals_truth, workload, write_lines
 
@@ -36,6 +37,10 @@ def test_replay_equals_truth_and_dead_letters_the_malformed(spark, lake, tmp_pat
         assert bytes(row["value"]) == values[row["offset"]]  # raw bytes kept exactly
         assert row["reason"]
         assert row["topic"].endswith("dw.jsonl")
+
+    status = {row[1]: row for row in lake_status(spark, lake) if row[0] == "table"}
+    assert set(status) == {"crm.customer", "shop.orders", "crm.audit_log"}
+    assert all(row[3].isdigit() or "/" in row[3] for row in status.values())  # last position recorded
 
 
 def test_small_batches_and_split_updates_across_batch_boundaries(spark, lake, tmp_path: Path) -> None:
@@ -101,8 +106,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_replay_prints_counts_and_exits_zero(lake, tmp_path: Path) -> None:
     history, messages = workload(seed=16, events=120)
     path = write_lines(tmp_path / "dw.jsonl", messages)
-    done = _cli("replay", "--format", "dataworks-json", "--lake", lake, str(path))
+    done = _cli("replay", "--format", "auto", "--lake", lake, str(path))
     assert done.returncode == 0, done.stderr
+    assert "detected dataworks-json" in done.stderr
     assert "crm/customer" in done.stdout
     assert "3 dead letters" in done.stdout
     assert_lake_equals_truth(lake, history)

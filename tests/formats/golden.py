@@ -1,7 +1,8 @@
 """Golden decode cases: ``tests/cases/<format>/<scenario>.input.jsonl`` -> ``<scenario>.expected.jsonl``.
 
 Input lines follow ``shared/formats/examples``: ``{"case", "key", "value"}`` where ``value`` is the message as JSON
-(serialised compactly), or ``value_raw`` (text sent verbatim, for malformed input) or ``value_b64`` (binary).
+(serialised compactly), or ``value_raw`` (text sent verbatim, for malformed input) or ``value_b64`` /
+``value_avro_b64`` (binary; for Avro examples ``value`` is only a readable rendering and the binary wins).
 Expected lines are canonical events, one per decoded event in message order, with the fields of EXPECTED_FIELDS.
 """
 
@@ -46,8 +47,9 @@ def message_bytes(line: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
     key_bytes = None if key is None else (key.encode() if isinstance(key, str) else json.dumps(key).encode())
     if "value_raw" in line:
         return key_bytes, line["value_raw"].encode("utf-8")
-    if "value_b64" in line:
-        return key_bytes, base64.b64decode(line["value_b64"])
+    for binary in ("value_b64", "value_avro_b64"):
+        if binary in line:
+            return key_bytes, base64.b64decode(line[binary])
     value = line.get("value")
     return key_bytes, None if value is None else json.dumps(value, ensure_ascii=False).encode("utf-8")
 

@@ -48,7 +48,9 @@ def formats() -> None:
 @app.command()
 def replay(
     files: Annotated[list[str], typer.Argument(help="Capture files, applied in this order.")],
-    format_name: Annotated[str, typer.Option("--format", help="Format name (see `cdclake formats`).")],
+    format_name: Annotated[
+        str, typer.Option("--format", help="Format name (see `cdclake formats`), or `auto` for JSON formats.")
+    ],
     lake: Annotated[str, typer.Option(help="Lake directory.")],
     input_encoding: Annotated[
         str, typer.Option(help="lines: one JSON message per line; b64: one base64 binary message per line.")
@@ -67,8 +69,13 @@ def replay(
     from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
-    get_format(format_name)
     check_files(files)
+    if format_name == "auto":
+        from cdclake.detect import detect_format, sample_lines
+
+        format_name = detect_format(sample_lines(files, input_encoding))
+        err.print(f"--format auto: detected {format_name}")
+    get_format(format_name)
     spark = _session()
     with out.status("replaying...") as status:
         results = run_replay(
@@ -82,6 +89,20 @@ def replay(
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)
+
+
+@app.command()
+def status(lake: Annotated[str, typer.Option(help="Lake directory.")]) -> None:
+    """Per table: last position, last source event time and lag; per Kafka partition: last offset."""
+    from cdclake.status import lake_status
+
+    rows = lake_status(_session(), lake)
+    if not rows:
+        raise InputError(f"no cdclake progress in {lake} (nothing applied yet, or not a cdclake lake)")
+    table = Table("scope", "table / partition", "events", "last position", "last event time", "lag", "last batch at")
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
 
 
 @app.command()

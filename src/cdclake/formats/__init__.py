@@ -3,13 +3,15 @@
 Built-in formats live in this package and are imported on first lookup. Third-party formats register through the
 ``cdclake.formats`` entry-point group (the entry point names a module that calls :func:`register`).
 
-To add a format: create ``cdclake/formats/<vendor>.py`` that builds a ``CdcFormat`` and calls ``register``, add the
-module name to ``_BUILTIN_MODULES``, and add golden cases under ``tests/cases/<format-name>/``.
+To add a format: create ``cdclake/formats/<vendor>.py`` that builds a ``CdcFormat`` and calls ``register`` (every
+module of this package except ``base`` is imported on first lookup), and add golden cases under
+``tests/cases/<format-name>/`` (see AGENTS.md, "Adding a format").
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 
 from cdclake.exceptions import UnknownFormatError
@@ -17,7 +19,7 @@ from cdclake.formats.base import CdcFormat
 
 __all__ = ["CdcFormat", "get_format", "list_formats", "register"]
 
-_BUILTIN_MODULES = ("cdclake.formats.dataworks",)
+_SHARED_MODULES = frozenset({"base"})
 _REGISTRY: dict[str, CdcFormat] = {}
 _loaded = False
 
@@ -33,8 +35,9 @@ def _load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        if module not in _SHARED_MODULES and not module.startswith("_"):
+            importlib.import_module(f"{__name__}.{module}")
     for entry in entry_points(group="cdclake.formats"):
         entry.load()
 

@@ -42,6 +42,7 @@ class CdcFormat:
         options: option name -> what it does.
         sniff: decides from one parsed JSON message whether it is in this format (``--format auto``); None when
             the format cannot be told apart from others.
+        examples: file names in ``shared/formats/examples`` whose messages are in this format (tests decode them).
     """
 
     name: str
@@ -51,6 +52,7 @@ class CdcFormat:
     operations: Mapping[str, Op] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
     sniff: Callable[[Any], bool] | None = None
+    examples: tuple[str, ...] = ()
 
 
 def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:
@@ -59,6 +61,17 @@ def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:
     for vendor, canonical in mapping.items():
         result = (F.when if result is None else result.when)(code == F.lit(vendor), F.lit(canonical.value))
     return result if result is not None else F.lit(None).cast("string")
+
+
+def exact_text_image(image: Column) -> Column:
+    """A JSON object parsed as ``MAP<STRING, VARIANT>`` -> ``MAP<STRING, STRING>`` with every value's exact text.
+
+    Parse row images whose values may be JSON numbers with fractions as ``MAP<STRING, VARIANT>`` and convert them
+    with this: reading a JSON number straight into a STRING goes through a double in Spark's JSON reader
+    (``12345678901234567890.1234`` -> ``1.2345678901234567E19``); a VARIANT keeps the decimal exactly. Strings come
+    out unquoted, JSON null as SQL NULL, nested objects and arrays as JSON text.
+    """
+    return F.transform_values(image, lambda _k, v: v.cast("string"))
 
 
 def first_error(*checks: tuple[Column, str | Column]) -> Column:

@@ -202,5 +202,6 @@ FORMAT: Final = register(
         decode=decode,
         operations=OPERATIONS,
         sniff=sniff,
+        examples=("dataworks-json.jsonl",),
     )
 )
