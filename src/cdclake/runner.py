@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import PipelineConfig
+from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
 from cdclake.sources import files, kafka
 
@@ -19,31 +22,105 @@ APP_ID_FILE = "cdclake-app-id"
 BatchCallback = Callable[[BatchResult], None]
 
 
+class _CheckpointFiles:
+    """Reads and writes small files of a query checkpoint through Hadoop's FileSystem (local, HDFS, S3...)."""
+
+    def __init__(self, spark: SparkSession, checkpoint: str) -> None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._jvm = jvm
+        self.root = checkpoint.rstrip("/")
+        root_path = jvm.org.apache.hadoop.fs.Path(self.root)
+        self._fs = root_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def _path(self, relative: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{relative}")
+
+    def exists(self, relative: str) -> bool:
+        return bool(self._fs.exists(self._path(relative)))
+
+    def read(self, relative: str) -> str:
+        stream = self._fs.open(self._path(relative))
+        try:
+            scanner = self._jvm.java.util.Scanner(stream, "UTF-8").useDelimiter("\\A")
+            return str(scanner.next()) if scanner.hasNext() else ""
+        finally:
+            stream.close()
+
+    def write(self, relative: str, text: str) -> None:
+        """Writes atomically: a temporary file renamed into place, so a crash never leaves half a file."""
+        folder, _, name = relative.rpartition("/")
+        temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp" if folder else f".{name}.{uuid.uuid4().hex}.tmp"
+        out = self._fs.create(self._path(temporary), True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+        if not self._fs.rename(self._path(temporary), self._path(relative)):
+            self._fs.delete(self._path(temporary), False)
+            raise RuntimeError(f"could not write {self.root}/{relative} (it exists already?)")
+
+    def batch_ids(self, folder: str) -> list[int]:
+        if not self.exists(folder):
+            return []
+        names = [str(status.getPath().getName()) for status in self._fs.listStatus(self._path(folder))]
+        return sorted(int(name) for name in names if name.isdigit())
+
+
 def checkpoint_app_id(spark: SparkSession, checkpoint: str) -> str:
     """The idempotent-writer id stored beside the query checkpoint; created with it.
 
     Delta skips a commit whose (app id, batch id) it has seen. Batch ids restart at 0 with a new checkpoint, so
     the id must change with the checkpoint, or every write of the new query would be skipped silently.
     """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
-    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{APP_ID_FILE}")
-    fs = path.getFileSystem(hadoop_conf)
-    if fs.exists(path):
-        stream = fs.open(path)
-        try:
-            reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
-            return str(reader.readLine()).strip()
-        finally:
-            stream.close()
+    files = _CheckpointFiles(spark, checkpoint)
+    if files.exists(APP_ID_FILE):
+        return files.read(APP_ID_FILE).strip()
     app_id = f"cdclake-{uuid.uuid4()}"
-    out = fs.create(path, False)
-    try:
-        out.write(bytearray(app_id.encode("ascii")))
-    finally:
-        out.close()
+    files.write(APP_ID_FILE, app_id)
     return app_id
+
+
+def _offsets_json(text: str) -> dict[str, dict[str, int]]:
+    """The Kafka source offsets in an offset-log or initial-offset file (the last JSON line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("{")]
+    offsets: dict[str, dict[str, int]] = json.loads(lines[-1])
+    return offsets
+
+
+def recover_uncommitted_batch(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline) -> BatchResult | None:
+    """Applies the batch a crashed query had planned but not committed, exactly as Spark would re-run it.
+
+    Why not let Spark do it: in Spark 4.1.1 (and 4.1.3) the Kafka source throws a NullPointerException while
+    reporting progress for such a re-run batch (SPARK-55271 / SPARK-57438), before the batch is committed, so the
+    query could never get past it. Same offsets range, same batch id, same idempotent writes; then the commit
+    marker Spark itself writes, so the query resumes with the next batch.
+    """
+    files = _CheckpointFiles(spark, config.checkpoint_location)
+    planned, committed = files.batch_ids("offsets"), files.batch_ids("commits")
+    if not planned or (committed and committed[-1] >= planned[-1]):
+        return None
+    batch_id = planned[-1]
+    end = _offsets_json(files.read(f"offsets/{batch_id}"))
+    if batch_id > 0:
+        start = _offsets_json(files.read(f"offsets/{batch_id - 1}"))
+    else:
+        start = _offsets_json(files.read("sources/0/0"))
+    for topic, partitions in end.items():  # partitions that appeared during the batch start at the beginning
+        for partition in partitions:
+            start.setdefault(topic, {}).setdefault(partition, -2)
+    options = {
+        k: v
+        for k, v in config.kafka.spark_options().items()
+        if k not in ("startingOffsets", "maxOffsetsPerTrigger", "subscribe", "subscribePattern")
+    }
+    reader = spark.read.format("kafka").options(**options)
+    reader = reader.option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in end.items()}))
+    messages = reader.option("startingOffsets", json.dumps(start)).option("endingOffsets", json.dumps(end)).load()
+    log.warning("re-applying batch %s that the previous run planned but did not commit", batch_id)
+    result = pipeline.process_batch(messages.select(*MESSAGE_COLUMNS), batch_id)
+    files.write(f"commits/{batch_id}", 'v1\n{"nextBatchWatermarkMs":0}')
+    return result
 
 
 def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSettings:
@@ -69,6 +146,9 @@ def run(
     """Streams Kafka into the lake until stopped (or, with ``until_caught_up``, until all available data is in)."""
     checkpoint = config.checkpoint_location
     pipeline = Pipeline(spark, settings_from_config(config, checkpoint_app_id(spark, checkpoint)))
+    recovered = recover_uncommitted_batch(spark, config, pipeline)
+    if recovered is not None and on_batch is not None:
+        on_batch(recovered)
     messages = kafka.read_stream(spark, config.kafka.spark_options())
 
     def process(batch: DataFrame, batch_id: int) -> None:

@@ -69,13 +69,14 @@ def replay(
     from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
+    if format_name != "auto":
+        get_format(format_name)
     check_files(files)
     if format_name == "auto":
         from cdclake.detect import detect_format, sample_lines
 
         format_name = detect_format(sample_lines(files, input_encoding))
         err.print(f"--format auto: detected {format_name}")
-    get_format(format_name)
     spark = _session()
     with out.status("replaying...") as status:
         results = run_replay(
@@ -157,22 +158,13 @@ def _print_summary(spark, lake: str, results) -> None:  # type: ignore[no-untype
 
 
 def main() -> None:
-    """Console entry point: maps cdclake errors to exit code 1 with a one-line message."""
+    """Console entry point: usage errors exit 2 (typer), cdclake errors exit 1 with a one-line message."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app(standalone_mode=False)
+        app()
     except CdclakeError as exc:
         err.print(f"[red]error:[/] {exc}")
         sys.exit(1)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click  # type: ignore[import-not-found,unused-ignore]
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":

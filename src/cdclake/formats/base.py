@@ -128,7 +128,8 @@ def _checks(df: DataFrame) -> Column:
     bad_names = F.filter(column_names, _bad_column_name)
     return first_error(
         (
-            is_row_op & (_bad_identifier(table) | F.coalesce(_bad_identifier(F.col(model.DATABASE)), F.lit(False))),
+            is_row_op
+            & (_bad_identifier(table) | (F.col(model.DATABASE).isNotNull() & _bad_identifier(F.col(model.DATABASE)))),
             F.format_string("invalid table identifier %s.%s", F.col(model.DATABASE), table),
         ),
         (

@@ -1,0 +1,559 @@
+"""Canal flat message (``canal-json``), its DTS look-alike (``dts-canal-json``), and the shared Canal-family decoder.
+
+Specs: ``shared/formats/canal.md`` (open-source Canal), ``shared/formats/dts.md`` section 2 (DTS Canal JSON),
+``shared/formats/drs.md`` sections 2-4 (DRS JSON, JSON-C; they reuse :func:`make_decoder` from ``drs_json``).
+One JSON object per binlog rows event or DDL::
+
+    {"id", "database", "table", "pkNames", "isDdl", "type", "es", "ts", "sql", "sqlType": {col: code},
+     "mysqlType": {col: type}, "data": [{col: text}, ..], "old": [{col: text}, ..], "gtid"}
+
+A message holds several rows (``data[i]`` pairs with ``old[i]``): one canonical event per row, ``sub_index`` = row
+index. What ``data`` / ``old`` mean differs per dialect (:class:`Dialect`); values are JSON strings or null in every
+dialect, decoded with the declared column type. The Canal family cannot be told apart from one message (README,
+"Recognition"): these formats have no sniff rule and must be configured per topic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.formats import register
+from cdclake.formats.base import (
+    MESSAGE_VALUE,
+    CdcFormat,
+    DecodeFn,
+    FormatOptions,
+    exact_text_image,
+    finish,
+    first_error,
+    op_from_code,
+)
+from cdclake.model import Op
+
+RAW_SCHEMA: Final = """
+    id STRING,
+    database STRING,
+    table STRING,
+    schema STRING,
+    dbType STRING,
+    pkNames ARRAY<STRING>,
+    isDdl BOOLEAN,
+    type STRING,
+    opType STRING,
+    es BIGINT,
+    ts BIGINT,
+    sql STRING,
+    sqlType MAP<STRING, STRING>,
+    mysqlType MAP<STRING, STRING>,
+    columnType MAP<STRING, STRING>,
+    data ARRAY<MAP<STRING, VARIANT>>,
+    old ARRAY<MAP<STRING, VARIANT>>,
+    gtid STRING,
+    _corrupt_record STRING
+"""
+"""Union of the keys of every Canal-family dialect. Row images are ``MAP<STRING, VARIANT>`` so that a value sent as
+an unquoted JSON number (not expected: every dialect quotes values) keeps its exact text (base.exact_text_image)."""
+
+TIMEZONE_OPTION: Final = "source_timezone"
+"""Zone of timestamps that are rendered as wall-clock text (Canal MySQL TIMESTAMP, DRS JSON-C TIMESTAMP,
+timestamptz without offset). A region id (``Asia/Shanghai``) or offset (``+08:00``); default ``UTC``."""
+
+# canal.md section 2 (open-source Canal EventType names).
+CANAL_OPERATIONS: Final = {
+    "INSERT": Op.INSERT,
+    "UPDATE": Op.UPDATE,
+    "DELETE": Op.DELETE,
+    "CREATE": Op.DDL,
+    "ALTER": Op.DDL,
+    "ERASE": Op.DDL,
+    "RENAME": Op.DDL,
+    "CINDEX": Op.DDL,
+    "DINDEX": Op.DDL,
+    "QUERY": Op.DDL,
+    "TRUNCATE": Op.TRUNCATE,
+    "GTID": Op.OTHER,
+    "XACOMMIT": Op.OTHER,
+    "XAROLLBACK": Op.OTHER,
+    "MHEARTBEAT": Op.HEARTBEAT,
+}
+
+# dts.md section 2: "Canonical ops: INSERT, UPDATE, DELETE, DDL, INIT->UPSERT. No heartbeat/transaction records."
+DTS_OPERATIONS: Final = {
+    "INSERT": Op.INSERT,
+    "UPDATE": Op.UPDATE,
+    "DELETE": Op.DELETE,
+    "DDL": Op.DDL,
+    "INIT": Op.UPSERT,
+}
+
+_ROW_OPS: Final = tuple(o.value for o in model.ROW_OPS)
+_INTEGERS: Final = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "bool", "boolean", "year")
+_DECIMALS: Final = ("decimal", "numeric", "dec", "fixed")
+_FLOATS: Final = ("float", "double", "real", "double precision")
+_STRINGS: Final = (
+    "char",
+    "varchar",
+    "tinytext",
+    "text",
+    "mediumtext",
+    "longtext",
+    "enum",
+    "set",
+    "json",
+    "time",
+    "character",
+    "character varying",
+    "nchar",
+    "nvarchar",
+)
+_BINARIES: Final = (
+    "binary",
+    "varbinary",
+    "tinyblob",
+    "blob",
+    "mediumblob",
+    "longblob",
+    "geometry",
+    "point",
+    "linestring",
+    "polygon",
+    "multipoint",
+    "multilinestring",
+    "multipolygon",
+    "geometrycollection",
+    "geomcollection",
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the Canal-family formats.
+
+    Attributes:
+        name: registry name.
+        operations: ``type`` value -> canonical op.
+        old_is_changed_only: open-source Canal: ``old[i]`` holds only the changed columns (canal.md section 1);
+            otherwise ``old[i]`` is the full before row.
+        delete_row_in: where a DELETE's row is: ``data`` (Canal, DTS current, DRS JSON-C), ``old`` (DRS JSON).
+        swap_option: name of the option that selects the pre-2022-03-20 DTS semantics (dts.md section 2), if any.
+        types: ``mysql`` (``mysqlType``) or ``relational`` (DRS ``columnType``, drs.md section 4).
+        bit_type: Spark type of MySQL BIT columns.
+        binary_encoding: ``latin1`` (Canal, canal.md section 3), ``bytelist`` (DRS, drs.md section 2), ``hex``
+            (DRS relational bytea, drs.md section 4).
+        timestamp_encoding: ``text`` (wall clock in ``source_timezone``) or ``epoch_seconds`` (DRS JSON,
+            ``"1624614713.201"``).
+        position_from_id: ``id`` is a monotonic sequence (DRS) -> ordering position; else null (Kafka order).
+        wrong_delete_hint: error text for a DELETE whose row is in the other array (DRS JSON vs JSON-C).
+    """
+
+    name: str
+    operations: Mapping[str, Op]
+    old_is_changed_only: bool = False
+    delete_row_in: Literal["data", "old"] = "data"
+    swap_option: str | None = None
+    swap_aliases: tuple[str, ...] = ()
+    types: Literal["mysql", "relational"] = "mysql"
+    bit_type: str = "bigint"
+    binary_encoding: Literal["latin1", "bytelist", "hex"] = "latin1"
+    timestamp_encoding: Literal["text", "epoch_seconds"] = "text"
+    position_from_id: bool = False
+    wrong_delete_hint: str | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Types
+
+
+def mysql_spark_type(vendor_type: Column, bit_type: str) -> Column:
+    """Spark type for a MySQL column type as ``mysqlType`` spells it: with length/sign (Canal, ``bigint(20)
+    unsigned``, ``decimal(10,2)``) or bare (DTS, DRS: ``bigint``, ``decimal``). Null for an unknown type.
+
+    Integers -> bigint, BIGINT UNSIGNED -> decimal(20,0) (canal.md section 3: unsigned values are printed
+    unsigned); DECIMAL(p,s) -> decimal(p,s) when p <= 38, else (and bare ``decimal``, whose scale is unknown)
+    string, so that the exact text is kept; DATETIME -> timestamp_ntz (a wall clock); TIMESTAMP -> timestamp (an
+    instant); TIME -> string (may be negative or >= 24h); JSON/ENUM/SET -> string.
+    """
+    t = F.lower(F.trim(vendor_type))
+    base = F.trim(F.regexp_replace(F.regexp_replace(t, r"\(.*?\)", ""), r"\b(unsigned|signed|zerofill)\b", ""))
+    base = F.regexp_replace(base, r"\s+", " ")
+    unsigned = t.rlike(r"\bunsigned\b")
+    precision = F.regexp_extract(t, r"\(\s*(\d+)\s*(,\s*(\d+)\s*)?\)", 1)
+    scale = F.regexp_extract(t, r"\(\s*(\d+)\s*,\s*(\d+)\s*\)", 2)
+    decimal = F.when(
+        (precision != "") & (precision.cast("int") <= 38) & (precision.cast("int") >= 1),
+        F.format_string("decimal(%s,%s)", precision.cast("int"), F.coalesce(F.nullif(scale, F.lit("")), F.lit("0"))),
+    ).otherwise(F.lit("string"))
+    return (
+        F.when((base == "bigint") & unsigned, F.lit("decimal(20,0)"))
+        .when(base.isin(*_INTEGERS), F.lit("bigint"))
+        .when(base.isin(*_DECIMALS), decimal)
+        .when(base.isin(*_FLOATS), F.lit("double"))
+        .when(base.isin(*_STRINGS), F.lit("string"))
+        .when(base.isin(*_BINARIES), F.lit("binary"))
+        .when(base == "bit", F.lit(bit_type))
+        .when(base == "date", F.lit("date"))
+        .when(base == "datetime", F.lit("timestamp_ntz"))
+        .when(base == "timestamp", F.lit("timestamp"))
+    )
+
+
+def relational_spark_type(vendor_type: Column) -> Column:
+    """Spark type for a DRS ``columnType`` (drs.md section 4: PostgreSQL/GaussDB names without length; empty for
+    Oracle and SQL Server). Types without precision (numeric) and every type not listed -> string (exact text)."""
+    t = F.regexp_replace(F.lower(F.trim(vendor_type)), r"\s+", " ")
+    return (
+        F.when(t.isin("smallint", "integer", "bigint", "int", "int2", "int4", "int8", "tinyint"), F.lit("bigint"))
+        .when(t.isin("real", "float4", "double precision", "float8", "float"), F.lit("double"))
+        .when(t.isin("boolean", "bool"), F.lit("boolean"))
+        .when(t == "bytea", F.lit("binary"))
+        .when(t == "date", F.lit("date"))
+        .when(t.isin("timestamp without time zone", "timestamp"), F.lit("timestamp_ntz"))
+        .when(t.isin("timestamp with time zone", "timestamptz"), F.lit("timestamp"))
+        .otherwise(F.lit("string"))
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Values -> canonical text
+
+
+def _invalid(what: str, text: Column) -> Column:
+    """Text that fails every non-string type check, naming the problem (the shared check reports it)."""
+    return F.concat(F.lit(f"invalid {what}: "), text)
+
+
+def latin1_bytes(text: Column) -> Column:
+    """canal.md section 3: BINARY/VARBINARY/BLOB bytes are mapped 1:1 to chars (ISO-8859-1) -> base64."""
+    # A char above U+00FF cannot come from a byte; Spark's encode would fail the batch on it.
+    return F.when(~text.rlike(r"[^\x{00}-\x{FF}]"), F.base64(F.encode(text, "ISO-8859-1"))).otherwise(
+        _invalid("ISO-8859-1 byte text", text)
+    )
+
+
+def byte_list_bytes(text: Column) -> Column:
+    """drs.md section 2: ``"[106, 103, 111]"`` (``"[]"`` empty) -> base64. Values may be signed (Java
+    ``Arrays.toString(byte[])``: -128..127) or unsigned (0..255): both accepted, masked ``& 0xFF``."""
+    inner = F.regexp_extract(text, r"^\[\s*(.*?)\s*\]$", 1)
+    items = F.when(inner == "", F.array().cast("array<string>")).otherwise(F.split(inner, r"\s*,\s*"))
+    valid = text.rlike(r"^\[\s*(-?\d{1,3}(\s*,\s*-?\d{1,3})*)?\s*\]$") & F.forall(
+        items, lambda x: (x.cast("int") >= -128) & (x.cast("int") <= 255)
+    )
+    hex_text = F.concat_ws("", F.transform(items, lambda x: F.lpad(F.hex(x.cast("int").bitwiseAND(255)), 2, "0")))
+    return F.when(valid, F.base64(F.unhex(hex_text))).otherwise(_invalid("byte list", text))
+
+
+def hex_bytes(text: Column) -> Column:
+    """drs.md section 4: bytea as bare lowercase hex (``"deadbeef00"``; a ``\\x`` prefix is tolerated) -> base64."""
+    bare = F.regexp_replace(text, r"^\\x", "")
+    valid = bare.rlike(r"^([0-9a-fA-F]{2})*$")
+    return F.when(valid, F.base64(F.unhex(bare))).otherwise(_invalid("hex bytes", text))
+
+
+def epoch_seconds_micros(text: Column) -> Column:
+    """drs.md section 2: DRS JSON TIMESTAMP ``"1624614713.201"`` (epoch seconds with fraction) -> epoch µs, exact."""
+    valid = text.rlike(r"^-?\d{1,12}(\.\d{0,6})?$")
+    micros = (text.cast("decimal(19,6)") * F.lit(1_000_000)).cast("decimal(25,0)").cast("string")
+    return F.when(valid, micros).otherwise(_invalid("epoch seconds", text))
+
+
+_HAS_ZONE: Final = r"(Z|[+-]\d{2}(:?\d{2}(:?\d{2})?)?|\s+[A-Za-z][A-Za-z0-9_+\-/]*)$"
+
+
+def wall_clock_micros(text: Column, zone: str) -> Column:
+    """A ``yyyy-MM-dd HH:mm:ss[.f]`` wall-clock text in ``zone`` (or with its own offset) -> epoch µs.
+
+    The zone is written into the text, so the result never depends on the Spark session time zone.
+    """
+    zoned = F.when(text.rlike(_HAS_ZONE), text).otherwise(F.concat(text, F.lit(f" {zone}")))
+    micros = F.unix_micros(zoned.try_cast("timestamp")).cast("string")
+    return F.coalesce(micros, _invalid("timestamp text", text))
+
+
+def _zero_date_to_null(text: Column) -> Column:
+    """MySQL zero dates (``0000-00-00``, ``0000-00-00 00:00:00``) are not representable: they become NULL."""
+    return F.when(~text.startswith("0000-00-00"), text)
+
+
+def canonical_value(dialect: Dialect, spark_type: Column, text: Column, zone: str) -> Column:
+    """Canonical text (cdclake.model) for one value of the dialect, given its column's Spark type."""
+    if dialect.binary_encoding == "latin1":
+        binary = latin1_bytes(text)
+    elif dialect.binary_encoding == "bytelist":
+        binary = byte_list_bytes(text)
+    else:
+        binary = hex_bytes(text)
+    if dialect.timestamp_encoding == "epoch_seconds":
+        instant = epoch_seconds_micros(text)
+    else:
+        instant = wall_clock_micros(_zero_date_to_null(text), zone)
+    boolean = F.lower(F.trim(text))
+    return (
+        F.when(text.isNull(), F.lit(None).cast("string"))
+        .when(spark_type == "binary", binary)
+        .when(spark_type == "timestamp", instant)
+        .when(spark_type.isin("date", "timestamp_ntz"), _zero_date_to_null(text))
+        .when(
+            spark_type == "boolean",
+            F.when(boolean.isin("true", "t", "1"), F.lit("true"))
+            .when(boolean.isin("false", "f", "0"), F.lit("false"))
+            .otherwise(text),
+        )
+        .otherwise(text)
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoder
+
+
+def _full(row: Column, names: Column) -> Column:
+    """A row as sent, plus every declared column it lacks as NULL (canal.md section 1: missing key == null)."""
+    missing = F.filter(names, lambda n: ~F.map_contains_key(row, n))
+    return F.when(
+        row.isNotNull(),
+        F.map_concat(row, F.map_from_arrays(missing, F.transform(missing, lambda _n: F.lit(None).cast("string")))),
+    )
+
+
+def _overlay(base: Column, changed: Column) -> Column:
+    """``base`` with the entries of ``changed`` replacing its own (map_concat would reject duplicate keys)."""
+    kept = F.map_filter(base, lambda k, _v: ~F.map_contains_key(changed, k))
+    return F.when(base.isNotNull() & changed.isNotNull(), F.map_concat(kept, changed)).otherwise(base)
+
+
+def _timezone(options: FormatOptions) -> str:
+    zone = options.get(TIMEZONE_OPTION, "UTC")
+    if re.fullmatch(r"[+-]\d{2}:\d{2}", zone):
+        return zone
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"format option {TIMEZONE_OPTION}={zone!r} is not a time zone id or +hh:mm offset") from None
+    return zone
+
+
+def _flag(options: FormatOptions, names: tuple[str, ...]) -> bool:
+    values = [options[n] for n in names if n in options]
+    for value in values:
+        if value.strip().lower() not in ("true", "false"):
+            raise ValueError(f"format option {names[0]} must be true or false, not {value!r}")
+    return any(v.strip().lower() == "true" for v in values)
+
+
+def make_decoder(dialect: Dialect) -> DecodeFn:
+    """The ``decode`` function of one Canal-family dialect."""
+
+    def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
+        zone = _timezone(options)
+        swapped = dialect.swap_option is not None and _flag(options, (dialect.swap_option, *dialect.swap_aliases))
+        return _decode(messages, dialect, zone, swapped)
+
+    decode.__doc__ = f"{dialect.name} messages -> canonical events (one per row of a message)."
+    return decode
+
+
+def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> DataFrame:
+    msg = F.from_json(F.col(MESSAGE_VALUE).cast("string"), RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"})
+    m = F.col("_m")
+    # drs.md section 4: relational DRS messages also carry the op as `opType` (same value as `type`).
+    vendor_op = F.coalesce(m["type"], m["opType"])
+    op = op_from_code(vendor_op, dialect.operations)
+    data = F.transform(m["data"], lambda r: exact_text_image(r))
+    old = F.transform(m["old"], lambda r: exact_text_image(r))
+    is_delete = op == Op.DELETE.value
+    if dialect.delete_row_in == "old":
+        # drs.md section 2: DRS JSON puts the deleted row in `old` (data null).
+        rows = F.when(is_delete, old).otherwise(data)
+    elif dialect.swap_option is not None:
+        # dts.md section 2: DELETE rows are in `data` (current) or `old` (pre-2022-03-20). The place is unambiguous,
+        # so a DELETE is decoded whichever array holds its row (with or without the swap option).
+        rows = F.when(is_delete, F.coalesce(data, old)).otherwise(data)
+    else:
+        rows = data
+    parsed = messages.withColumn("_m", msg).select(
+        "*", data.alias("_data"), old.alias("_old"), op.alias("_op"), vendor_op.alias("_vendor_op"), rows.alias("_rows")
+    )
+    exploded = parsed.select("*", F.posexplode_outer("_rows").alias("_pos", "_row"))
+
+    op, vendor_op, data, old = F.col("_op"), F.col("_vendor_op"), F.col("_data"), F.col("_old")
+    pos = F.col("_pos")
+    data_i, old_i = F.get(data, pos), F.get(old, pos)
+    is_row = op.isin(*_ROW_OPS)
+
+    if dialect.types == "mysql":
+        vendor_types = m["mysqlType"]
+        spark_types = F.transform_values(vendor_types, lambda _k, t: mysql_spark_type(t, dialect.bit_type))
+        declared_types = vendor_types
+        type_name = "MySQL"
+    else:
+        # drs.md section 4: columnType is empty for Oracle and SQL Server; the columns are then the keys of sqlType
+        # (DRS-internal codes, not JDBC) and every value is kept as exact text (string).
+        has_column_type = F.size(F.coalesce(m["columnType"], F.create_map())) > 0
+        declared_types = F.when(has_column_type, m["columnType"]).otherwise(
+            F.transform_values(m["sqlType"], lambda _k, code: F.concat(F.lit("sqlType "), code))
+        )
+        spark_types = F.when(
+            has_column_type, F.transform_values(m["columnType"], lambda _k, t: relational_spark_type(t))
+        ).otherwise(F.transform_values(m["sqlType"], lambda _k, _t: F.lit("string")))
+        vendor_types = declared_types
+        type_name = "column"
+    names = F.coalesce(F.map_keys(declared_types), F.array().cast("array<string>"))
+    unknown_types = F.filter(names, lambda n: spark_types[n].isNull())
+    columns = F.transform(
+        names,
+        lambda n: F.struct(n.alias("name"), declared_types[n].alias("vendor_type"), spark_types[n].alias("spark_type")),
+    )
+
+    def image(row: Column) -> Column:
+        full = _full(row, names)
+        return F.transform_values(full, lambda k, v: canonical_value(dialect, spark_types[k], v, zone))
+
+    if dialect.old_is_changed_only:
+        # canal.md section 1: old[i] = previous values of the CHANGED columns; before = data[i] overlaid with old[i].
+        # Without old[i] the before image is unknown (null), not the after image.
+        update_before, update_after = F.when(old_i.isNotNull(), _overlay(data_i, old_i)), data_i
+    elif swapped:
+        # dts.md section 2: instances created before 2022-03-20: UPDATE data = before, old = after.
+        update_before, update_after = data_i, old_i
+    else:
+        update_before, update_after = old_i, data_i
+    row_i = F.col("_row")
+    before = F.when(op == Op.UPDATE.value, update_before).when(is_delete, row_i)
+    after = F.when(
+        op.isin(Op.INSERT.value, Op.UPSERT.value, Op.UPDATE.value),
+        F.when(op == Op.UPDATE.value, update_after).otherwise(row_i),
+    )
+
+    table = F.nullif(m["table"], F.lit(""))
+    schema = F.nullif(m["schema"], F.lit(""))
+    # drs.md section 4: `database` is empty for Oracle; DRS JSON-C fills it with the schema (vendor page, table 5),
+    # and so do we (the shared checks require a database for row events).
+    database = F.coalesce(F.nullif(m["database"], F.lit("")), schema)
+    identifier = m["id"]
+    position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")
+    decoded = exploded.select(
+        "*",
+        op.alias(model.OP),
+        vendor_op.alias(model.VENDOR_OP),
+        F.nullif(m["dbType"], F.lit("")).alias(model.DB_TYPE),
+        database.alias(model.DATABASE),
+        schema.alias(model.SCHEMA),
+        table.alias(model.TABLE),
+        F.when(is_row, F.coalesce(m["pkNames"], F.array().cast("array<string>"))).alias(model.KEY_COLUMNS),
+        F.when(is_row, image(before)).alias(model.BEFORE),
+        F.when(is_row, image(after)).alias(model.AFTER),
+        F.when(is_row, columns).alias(model.COLUMNS),
+        position.alias(model.POSITION),
+        F.timestamp_millis(m["es"]).alias(model.EVENT_TIME),
+        F.nullif(m["gtid"], F.lit("")).alias(model.TXN_ID),
+        F.when(op.isin(Op.DDL.value, Op.TRUNCATE.value), m["sql"]).alias(model.DDL),
+        F.coalesce(pos, F.lit(0)).alias(model.SUB_INDEX),
+    )
+    size_data, size_old = F.size(F.coalesce(data, F.array())), F.size(F.coalesce(old, F.array()))
+    checks: list[tuple[Column, str | Column]] = [
+        (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong JSON type)"),
+        (vendor_op.isNull(), f"missing type: not a {dialect.name} message"),
+        (op.isNull(), F.format_string(f"unknown {dialect.name} type '%s'", vendor_op)),
+        (
+            is_row & F.coalesce(m["isDdl"], F.lit(False)),
+            F.format_string("isDdl is true but type '%s' is a row operation", vendor_op),
+        ),
+    ]
+    if dialect.position_from_id:
+        checks += [
+            (identifier.isNull(), "missing id (the DRS event sequence number)"),
+            (position.isNull(), F.format_string("id '%s' is not a decimal sequence number", identifier)),
+        ]
+    if dialect.wrong_delete_hint is not None:
+        other = old if dialect.delete_row_in == "data" else data
+        checks.append((is_delete & F.col("_rows").isNull() & other.isNotNull(), dialect.wrong_delete_hint))
+    row_array = "old" if dialect.delete_row_in == "old" else "data"
+    checks += [
+        (
+            is_row & (F.size(F.coalesce(F.col("_rows"), F.array())) == 0),
+            F.format_string(
+                "%s message without rows in `%s`",
+                vendor_op,
+                F.when(is_delete, F.lit(row_array)).otherwise(F.lit("data")),
+            ),
+        ),
+        (is_row & table.isNull(), "row event without table"),
+        (
+            is_row & (F.size(names) == 0),
+            f"row event without {'mysqlType' if dialect.types == 'mysql' else 'columnType/sqlType'}",
+        ),
+        (
+            is_row & (F.size(unknown_types) > 0),
+            F.format_string(
+                f"unknown {type_name} type '%s' of column %s", vendor_types[unknown_types[0]], unknown_types[0]
+            ),
+        ),
+        (
+            (op == Op.UPDATE.value) & old.isNotNull() & (size_old != size_data),
+            F.format_string("UPDATE with %d rows in data but %d in old (they pair by index)", size_data, size_old),
+        ),
+        (
+            is_row & F.col("_row").isNull(),
+            F.format_string("row %d of the message is null", F.coalesce(pos, F.lit(0))),
+        ),
+    ]
+    if not dialect.old_is_changed_only:
+        checks.append(
+            (
+                (op == Op.UPDATE.value) & (old.isNull() | old_i.isNull()),
+                "UPDATE without its full row in `old`",
+            )
+        )
+    return finish(decoded, dialect.name, first_error(*checks))
+
+
+def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) -> CdcFormat:
+    """Registers one dialect (the Canal family has no sniff rule: README "Recognition")."""
+    options = {TIMEZONE_OPTION: "zone of TIMESTAMP values rendered as wall-clock text (default UTC)"}
+    options.update(dialect.options)
+    return register(
+        CdcFormat(
+            name=dialect.name,
+            description=description,
+            decode=make_decoder(dialect),
+            operations=dialect.operations,
+            options=options,
+            sniff=None,
+            examples=examples,
+        )
+    )
+
+
+CANAL: Final = Dialect(name="canal-json", operations=CANAL_OPERATIONS, old_is_changed_only=True)
+
+DTS_SWAP_OPTION: Final = "legacy_old_data_swap"
+
+DTS_CANAL: Final = Dialect(
+    name="dts-canal-json",
+    operations=DTS_OPERATIONS,
+    swap_option=DTS_SWAP_OPTION,
+    swap_aliases=("legacy_swap",),
+    options={
+        DTS_SWAP_OPTION: "true for DTS instances created before 2022-03-20 and never restarted: UPDATE data = "
+        "before and old = after (alias: legacy_swap). DELETEs are decoded from whichever of data/old holds the row.",
+    },
+)
+
+FORMAT: Final = format_for(
+    CANAL, "Alibaba Canal flat message JSON (canal.mq.flatMessage=true), multi-row", ("canal-flat.jsonl",)
+)
+DTS_FORMAT: Final = format_for(
+    DTS_CANAL,
+    "Alibaba DTS Canal JSON (old = full before row; option for pre-2022-03-20 swapped old/data)",
+    ("dts-canal-json.jsonl",),
+)
