@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,11 @@ SCENARIOS = [fmt.name for fmt in list_formats() if (CASES / fmt.name / "replay" 
 def typed(value: Any) -> Any:
     """Typed-JSON value -> the Python value an Arrow reader returns."""
     if isinstance(value, dict) and len(value) == 1:
-        (tag, text), = value.items()
+        ((tag, text),) = value.items()
         if tag == "$b64":
             return base64.b64decode(text)
         if tag == "$ts":
-            return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
         if tag == "$ntz":
             return datetime.fromisoformat(text)
         if tag == "$date":
@@ -69,8 +69,13 @@ def test_format_replays_into_delta(spark, tmp_path: Path, format_name: str) -> N
         capture.write_text("".join(v.decode("utf-8") + "\n" for v in values), encoding="utf-8")
     lake = str(tmp_path / "lake")
     replay(
-        spark, lake=lake, format_name=format_name, paths=[str(capture)], encoding="b64" if binary else "lines",
-        keys=options.get("keys"), format_options=options.get("format_options"),
+        spark,
+        lake=lake,
+        format_name=format_name,
+        paths=[str(capture)],
+        encoding="b64" if binary else "lines",
+        keys=options.get("keys"),
+        format_options=options.get("format_options"),
     )
     expected = json.loads((folder / "expected.json").read_text(encoding="utf-8"))
     results = [

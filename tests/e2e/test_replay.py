@@ -44,10 +44,10 @@ def test_replay_equals_truth_and_dead_letters_the_malformed(spark, lake, tmp_pat
 
 
 def test_small_batches_and_split_updates_across_batch_boundaries(spark, lake, tmp_path: Path) -> None:
-    history, messages = workload(seed=12, update_mode="split")
+    history, messages = workload(seed=12, events=200, update_mode="split")
     path = write_lines(tmp_path / "dw.jsonl", messages)
-    results = replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], batch_lines=53)
-    assert len(results) > 5
+    results = replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], batch_lines=45)
+    assert len(results) > 4
     assert_lake_equals_truth(lake, history)
 
 

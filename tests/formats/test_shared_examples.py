@@ -31,7 +31,7 @@ def test_every_shared_example_decodes(spark, fmt, file_name: str) -> None:
         line = lines[event["offset"]]
         expected_error = line.get("expect_error")  # examples that document a malformed or skipped message
         if expected_error:
-            assert event["error"] and expected_error in event["error"], line["case"]
+            assert expected_error in (event["error"] or ""), line["case"]
         else:
             assert event["error"] is None, (line["case"], event["error"])
             assert event["op"] is not None, line["case"]

@@ -78,6 +78,8 @@ class DeltaSink:
         self.spark = spark
         self.lake = lake.rstrip("/")
         self.system_dir = f"{self.lake}/_cdclake"
+        # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
+        self._columns: dict[str, list[tuple[str, str]]] = {}
 
     # ---------------------------------------------------------------------------------------------------------
     # Paths
@@ -123,6 +125,9 @@ class DeltaSink:
     def ensure_table(self, plan: TablePlan) -> list[tuple[str, str]]:
         """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns."""
         path = self.table_path(plan.database, plan.schema, plan.table)
+        cached = self._columns.get(path)
+        if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
+            return cached
         if not self._exists(path):
             fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
             fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
@@ -133,7 +138,7 @@ class DeltaSink:
                 .property("cdclake.source", ".".join(p for p in (plan.database, plan.schema, plan.table) if p))
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
                 # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
-                .property("delta.dataSkippingStatsColumns", ",".join([*plan.key_columns, POSITION_COLUMN]))
+                .property("delta.dataSkippingStatsColumns", ",".join(self._stats_columns(plan)))
                 .execute()
             )
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
@@ -150,7 +155,15 @@ class DeltaSink:
                     raise
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
         meta = {name for name, _ in METADATA_COLUMNS}
-        return [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
+        self._columns[path] = [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
+        return self._columns[path]
+
+    @staticmethod
+    def _stats_columns(plan: TablePlan) -> list[str]:
+        """Key columns with min/max statistics (Delta keeps none for binary or boolean), plus the position."""
+        types = {name.lower(): spark_type for name, spark_type in plan.columns}
+        keys = [k for k in plan.key_columns if types.get(k.lower()) not in ("binary", "boolean")]
+        return [quote(k) for k in keys] + [POSITION_COLUMN]
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
         """Deletes every row written before the plan's TRUNCATE."""

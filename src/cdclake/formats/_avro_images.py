@@ -1,0 +1,167 @@
+"""Shared helpers of the Avro formats whose row images are arrays of a value union aligned with a field list
+(Alibaba DTS Avro, ``shared/formats/dts.md`` 1.6, and Huawei DRS Avro, ``shared/formats/drs.md`` 1.2).
+
+Spark's ``from_avro`` turns a union ``[null, A, B, ...]`` into ``STRUCT<member0: A, member1: B, ...>`` with exactly
+one non-null member (all null for the Avro null branch). Each branch converter here returns a :data:`VALUE`
+struct: the canonical text (see :mod:`cdclake.model`), the Spark type it implies (null when the value carries no
+type, i.e. SQL NULL), an error text (null when fine) and ``absent`` (the value was not captured and must not be
+written). Pure Spark SQL; no per-row Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+VALUE_TYPE: Final = "struct<text:string,spark_type:string,error:string,absent:boolean>"
+
+
+def value(
+    text: Column,
+    spark_type: Column | str | None,
+    error: Column | None = None,
+    absent: Column | None = None,
+) -> Column:
+    """One converted value (see the module doc)."""
+    type_column = F.lit(spark_type) if isinstance(spark_type, str) or spark_type is None else spark_type
+    return F.struct(
+        text.cast("string").alias("text"),
+        type_column.cast("string").alias("spark_type"),
+        (error if error is not None else F.lit(None)).cast("string").alias("error"),
+        (absent if absent is not None else F.lit(False)).alias("absent"),
+    )
+
+
+def null_value() -> Column:
+    """SQL NULL (the union's null branch)."""
+    return value(F.lit(None), None)
+
+
+def choose(branches: list[tuple[Column, Column]], otherwise: Column | None = None) -> Column:
+    """The converted value of the first branch whose member is not null (the union's present branch)."""
+    result: Column | None = None
+    for member, converted in branches:
+        result = (F.when if result is None else result.when)(member.isNotNull(), converted)
+    fallback = otherwise if otherwise is not None else null_value()
+    return fallback if result is None else result.otherwise(fallback)
+
+
+def integer(member: Column, spark_type: Column | str) -> Column:
+    """``Integer{precision, value string}``: decimal text, kept exact (dts.md 1.6 / drs.md 1.2)."""
+    text = F.trim(member["value"])
+    bad = ~text.rlike(r"^[+-]?\d+$")
+    clean = F.regexp_replace(text, r"^\+", "")
+    return value(clean, spark_type, F.when(bad, F.format_string("Integer value '%s' is not an integer", text)))
+
+
+# MySQL charset names (dts.md 1.6) -> how to decode. Spark's decode() raises on malformed input under the default
+# coding-error action, so UTF-8 (and ASCII, its subset) is decoded by a cast and checked with is_valid_utf8; latin1
+# maps to ISO-8859-1, which cannot fail (MySQL's latin1 is really cp1252: the 0x80-0x9F range differs, which Spark
+# cannot decode without the legacy Java charsets).
+UTF8_CHARSETS: Final = ("utf8mb4", "utf8", "utf8mb3", "utf-8", "ascii", "us-ascii", "")
+LATIN1_CHARSETS: Final = ("latin1", "iso-8859-1", "iso_8859_1")
+BINARY_CHARSETS: Final = ("binary",)
+
+
+def character(member: Column) -> Column:
+    """``Character{charset, value bytes}`` -> text decoded with the charset (``binary`` keeps the bytes)."""
+    charset = F.lower(F.coalesce(member["charset"], F.lit("")))
+    raw = member["value"]
+    as_utf8 = raw.cast("string")
+    return (
+        F.when(
+            charset.isin(*UTF8_CHARSETS),
+            value(
+                as_utf8,
+                "string",
+                F.when(
+                    ~F.is_valid_utf8(as_utf8),
+                    F.format_string("Character value is not valid %s", charset),
+                ),
+            ),
+        )
+        .when(charset.isin(*LATIN1_CHARSETS), value(F.decode(raw, "ISO-8859-1"), "string"))
+        .when(charset.isin(*BINARY_CHARSETS), value(F.base64(raw), "binary"))
+        .otherwise(value(F.lit(None), "string", F.format_string("unsupported Character charset '%s'", charset)))
+    )
+
+
+def decimal(member: Column) -> Column:
+    """``Decimal{value string, precision, scale}`` -> exact text; ``decimal(p,s)`` when p/s fit Spark, else string."""
+    precision, scale = member["precision"], member["scale"]
+    fits = (precision >= 1) & (precision <= 38) & (scale >= 0) & (scale <= precision)
+    spark_type = F.when(fits, F.format_string("decimal(%d,%d)", precision, scale)).otherwise(F.lit("string"))
+    return value(F.trim(member["value"]), spark_type)
+
+
+def double(member: Column) -> Column:
+    """``Float{value double, ...}`` -> Spark's double text (``NaN``, ``Infinity`` included)."""
+    return value(member["value"].cast("string"), "double")
+
+
+def epoch_micros(seconds: Column, micros: Column) -> Column:
+    """``Timestamp{timestamp, millis}``: epoch seconds + microseconds -> canonical timestamp (epoch µs)."""
+    total = F.try_add(F.try_multiply(seconds.cast("bigint"), F.lit(1_000_000)), F.coalesce(micros, F.lit(0)))
+    return value(
+        total,
+        "timestamp",
+        F.when(total.isNull(), F.format_string("Timestamp %s.%s out of range", seconds, micros)),
+    )
+
+
+def binary(member: Column) -> Column:
+    """Raw bytes -> base64."""
+    return value(F.base64(member["value"]), "binary")
+
+
+def text(member: Column, spark_type: str = "string") -> Column:
+    """A value that already is text."""
+    return value(member["value"], spark_type)
+
+
+def align(
+    fields: Column,
+    images: Column,
+    convert: Callable[[Column, Column], Column],
+) -> Column:
+    """``ARRAY<STRUCT<name, value: VALUE>>``: each field with its converted image value (same index)."""
+    return F.transform(
+        fields, lambda f, i: F.struct(f["name"].alias("name"), convert(f, F.get(images, i)).alias("value"))
+    )
+
+
+def image(aligned: Column, present: Column) -> Column:
+    """Canonical image ``MAP<STRING, STRING>`` from :func:`align` output; absent values left out; null when the
+    message carries no image."""
+    kept = F.filter(aligned, lambda e: ~F.coalesce(e["value"]["absent"], F.lit(False)))
+    entries = F.transform(kept, lambda e: F.struct(e["name"], e["value"]["text"]))
+    return F.when(present, F.map_from_entries(entries))
+
+
+def first_value_error(aligned: Column, which: str) -> Column:
+    """Text of the first value that failed to convert, else null."""
+    bad = F.filter(aligned, lambda e: e["value"]["error"].isNotNull())
+    return F.when(
+        F.size(bad) > 0,
+        F.format_string(f"{which} value of column %s: %s", F.get(bad, 0)["name"], F.get(bad, 0)["value"]["error"]),
+    )
+
+
+def strip_single_object_header(value_column: Column, fingerprint: bytes) -> tuple[Column, Column]:
+    """Avro single-object encoding (``C3 01`` + 8-byte little-endian CRC-64-AVRO fingerprint): returns
+    ``(body, error)``; a value without the marker is plain Avro binary, one with the marker but another fingerprint
+    is an error (it was written with a different schema)."""
+    marker = F.lit(b"\xc3\x01")
+    has_marker = F.substring(value_column, 1, 2) == marker
+    fingerprint_ok = F.substring(value_column, 3, 8) == F.lit(fingerprint)
+    body = F.when(has_marker, F.substring(value_column, 11, 2_147_483_647)).otherwise(value_column)
+    error = F.when(
+        has_marker & ~fingerprint_ok,
+        F.format_string(
+            "Avro single-object fingerprint %s is not the expected schema's", F.hex(F.substring(value_column, 3, 8))
+        ),
+    )
+    return body, error

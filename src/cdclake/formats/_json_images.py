@@ -1,0 +1,363 @@
+"""Row images of JSON formats whose values carry Kafka Connect types, or no types at all (shared helpers).
+
+Used by the Debezium family (``debezium.py``: Connect schema or inference), Maxwell and OGG (inference only). Column
+descriptions are Connect-style fields ``struct<field, type, name, parameters>``; values are VARIANTs (exact
+numbers) converted to canonical text (``cdclake.model``). Everything is staged (:func:`image_stages`) so that Spark
+evaluates each large expression once per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+_FIELD: Final = "struct<field: string, type: string, name: string, parameters: map<string, string>>"
+
+# debezium.md 5: logical type names.
+DECIMAL: Final = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_DECIMAL: Final = "io.debezium.data.VariableScaleDecimal"
+DATES: Final = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+MILLI_TIMESTAMPS: Final = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp")
+MICRO_TIMESTAMP: Final = "io.debezium.time.MicroTimestamp"
+NANO_TIMESTAMP: Final = "io.debezium.time.NanoTimestamp"
+ZONED_TIMESTAMP: Final = "io.debezium.time.ZonedTimestamp"
+MILLI_TIMES: Final = ("io.debezium.time.Time", "org.apache.kafka.connect.data.Time")
+MICRO_TIME: Final = "io.debezium.time.MicroTime"
+NANO_TIME: Final = "io.debezium.time.NanoTime"
+
+CONNECT_TYPES: Final = {
+    "int8": "tinyint",
+    "int16": "smallint",
+    "int32": "int",
+    "int64": "bigint",
+    "float32": "float",
+    "float64": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "binary",
+    "struct": "string",
+    "array": "string",
+    "map": "string",
+}
+"""Connect schema type -> Spark type when no logical name says otherwise (complex values become JSON text)."""
+
+_BASE: Final = 1_000_000_000
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared value helpers
+
+
+def div(value: Column, divisor: int) -> Column:
+    """Exact floor division of a bigint column by a positive constant (no double rounding)."""
+    return F.floor(value.cast("decimal(38,0)") / F.lit(divisor)).cast("bigint")
+
+
+def let(value: Column, body: Callable[[Column], Column]) -> Column:
+    """``body(value)`` with ``value`` computed once (a lambda variable), however often ``body`` refers to it."""
+    return F.transform(F.array(value), body)[0]
+
+
+def _mul_add(limbs: Column, factor: int, carry: Column) -> Column:
+    """``limbs * factor + carry`` on a little-endian array of base-10^9 limbs (factor, carry < 1000)."""
+    return F.aggregate(
+        limbs,
+        F.struct(F.array().cast("array<bigint>").alias("out"), carry.cast("bigint").alias("carry")),
+        lambda acc, limb: let(
+            limb * factor + acc["carry"],
+            lambda x: F.struct(F.array_append(acc["out"], x % _BASE).alias("out"), div(x, _BASE).alias("carry")),
+        ),
+        lambda acc: F.when(acc["carry"] > 0, F.array_append(acc["out"], acc["carry"])).otherwise(acc["out"]),
+    )
+
+
+def _limbs_text(limbs: Column) -> Column:
+    return F.regexp_replace(
+        F.array_join(
+            F.transform(
+                F.reverse(limbs),
+                lambda x, i: F.when(i == 0, x.cast("string")).otherwise(F.lpad(x.cast("string"), 9, "0")),
+            ),
+            "",
+        ),
+        r"^0+(?=\d)",
+        "",
+    )
+
+
+def _place_point(digits: Column, scale: Column) -> Column:
+    """Unsigned digits and a scale -> plain decimal text."""
+    return let(
+        F.lpad(digits, F.greatest(F.length(digits), scale + 1), "0"),
+        lambda padded: F.when(
+            scale > 0,
+            F.concat(
+                F.substring(padded, F.lit(1), F.length(padded) - scale),
+                F.lit("."),
+                F.substring(padded, F.length(padded) - scale + 1, scale),
+            ),
+        ).otherwise(F.concat(digits, F.repeat(F.lit("0"), -scale))),
+    )
+
+
+def unscaled_text(b64: Column, scale: Column) -> Column:
+    """debezium.md 5: base64 of a big-endian two's-complement unscaled integer + scale -> exact decimal text.
+
+    Any length (PostgreSQL NUMERIC and MySQL DECIMAL(65) exceed 128 bits), done with base-10^9 limbs. Null for
+    text that is not base64, or empty bytes.
+    """
+
+    def from_octets(octets: Column) -> Column:
+        negative = F.get(octets, 0) >= 128
+        magnitude_bytes = F.when(negative, F.transform(octets, lambda b: 255 - b)).otherwise(octets)
+        digits = F.aggregate(
+            magnitude_bytes,
+            F.array(F.lit(0).cast("bigint")),
+            lambda acc, b: _mul_add(acc, 256, b.cast("bigint")),
+            lambda limbs: _limbs_text(F.when(negative, _mul_add(limbs, 1, F.lit(1))).otherwise(limbs)),
+        )
+        sign = F.when(negative, F.lit("-")).otherwise(F.lit(""))
+        return F.when((F.size(octets) >= 1) & scale.isNotNull(), F.concat(sign, _place_point(digits, scale)))
+
+    def from_hex(hexed: Column) -> Column:
+        octets = F.transform(
+            F.sequence(F.lit(0), (F.length(hexed) / 2 - 1).cast("int")),
+            lambda i: F.conv(F.substring(hexed, i * 2 + 1, F.lit(2)), 16, 10).cast("int"),
+        )
+        return F.when(F.length(hexed) > 0, let(octets, from_octets))
+
+    return let(F.hex(F.try_to_binary(b64, F.lit("base64"))), from_hex)
+
+
+def _time_text(micros_expr: Column) -> Column:
+    """Microseconds since midnight -> ``[-]HH:mm:ss.ffffff`` (hours may exceed 23: MySQL TIME)."""
+
+    def fmt(micros: Column) -> Column:
+        a = F.abs(micros)
+        return F.concat(
+            F.when(micros < 0, F.lit("-")).otherwise(F.lit("")),
+            F.lpad(div(a, 3_600_000_000).cast("string"), 2, "0"),
+            F.lit(":"),
+            F.lpad(div(a % 3_600_000_000, 60_000_000).cast("string"), 2, "0"),
+            F.lit(":"),
+            F.lpad(div(a % 60_000_000, 1_000_000).cast("string"), 2, "0"),
+            F.lit("."),
+            F.lpad((a % 1_000_000).cast("string"), 6, "0"),
+        )
+
+    return let(micros_expr, fmt)
+
+
+def spark_type(info: Column) -> Column:
+    """Spark type for a column described by a Connect field ``struct<field, type, name, parameters>``."""
+    name, typ, params = info["name"], info["type"], info["parameters"]
+    scale = params["scale"].try_cast("int")
+    precision = params["connect.decimal.precision"].try_cast("int")
+    by_type = F.element_at(F.create_map(*[F.lit(x) for kv in CONNECT_TYPES.items() for x in kv]), typ)
+    decimal = F.when(
+        scale.between(0, 38)
+        & F.coalesce(precision, F.lit(38)).between(1, 38)
+        & (scale <= F.coalesce(precision, F.lit(38))),
+        F.format_string("decimal(%d,%d)", F.coalesce(precision, F.lit(38)), scale),
+    ).when(scale.isNotNull(), F.lit("string"))
+    return (
+        F.when(name == DECIMAL, decimal)
+        .when(name == VARIABLE_DECIMAL, F.lit("string"))
+        .when(name.isin(*DATES), F.lit("date"))
+        .when(name.isin(*MILLI_TIMESTAMPS, MICRO_TIMESTAMP, NANO_TIMESTAMP, ZONED_TIMESTAMP), F.lit("timestamp"))
+        .when(name.isin(*MILLI_TIMES, MICRO_TIME, NANO_TIME), F.lit("string"))
+        .otherwise(by_type)
+    )
+
+
+def canonical_value(value: Column, info: Column) -> Column:
+    """One JSON value (VARIANT) of a column -> canonical text; null for JSON null and for values that do not fit
+    (the caller compares with the raw text to report those)."""
+    name, typ = info["name"], info["type"]
+    text = value.cast("string")
+    scale = info["parameters"]["scale"].try_cast("int")
+    whole = text.try_cast("bigint")
+    zoned = F.when(
+        text.rlike(r"^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d(:?\d\d)?)$"),
+        F.unix_micros(text.try_cast("timestamp")).cast("string"),
+    )
+    variable = unscaled_text(F.try_variant_get(value, "$.value", "string"), F.try_variant_get(value, "$.scale", "int"))
+    converted = (
+        F.when(text.isNull(), F.lit(None))
+        .when(name == DECIMAL, unscaled_text(text, scale))
+        .when(name == VARIABLE_DECIMAL, variable)
+        .when(name.isin(*DATES), F.date_from_unix_date(text.try_cast("int")).cast("string"))
+        .when(name.isin(*MILLI_TIMESTAMPS), F.try_multiply(whole, F.lit(1000)).cast("string"))
+        .when(name == MICRO_TIMESTAMP, whole.cast("string"))
+        .when(name == NANO_TIMESTAMP, div(whole, 1000).cast("string"))
+        .when(name == ZONED_TIMESTAMP, zoned)
+        .when(name.isin(*MILLI_TIMES), _time_text(F.try_multiply(whole, F.lit(1000))))
+        .when(name == MICRO_TIME, _time_text(whole))
+        .when(name == NANO_TIME, _time_text(div(whole, 1000)))
+        .when(typ.isin("struct", "array", "map"), F.to_json(value))
+        .otherwise(text)
+    )
+    return converted
+
+
+def inferred_field(name: Column, value: Column, json_text: Column) -> Column:
+    """Schemaless column description from a JSON value: a pseudo Connect field (see the module doc)."""
+    kind = F.schema_of_variant(value)
+    typ = (
+        F.when(kind == "BOOLEAN", F.lit("boolean"))
+        .when(kind == "STRING", F.lit("string"))
+        .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit("string"))
+        .when(kind.isin("VOID") | value.isNull(), F.lit("string"))
+        .when(json_text.rlike(r"^-?\d+$"), F.lit("int64"))
+        .otherwise(F.lit("float64"))
+    )
+    vendor = (
+        F.when(kind == "BOOLEAN", F.lit("boolean"))
+        .when(kind == "STRING", F.lit("string"))
+        .when(kind.startswith("OBJECT"), F.lit("object"))
+        .when(kind.startswith("ARRAY"), F.lit("array"))
+        .when(kind.isin("VOID") | value.isNull(), F.lit("null"))
+        .when(json_text.rlike(r"^-?\d+$"), F.lit("integer"))
+        .otherwise(F.lit("number"))
+    )
+    return F.struct(
+        name.alias("field"),
+        typ.alias("type"),
+        vendor.alias("name"),
+        F.create_map().cast("map<string,string>").alias("parameters"),
+    )
+
+
+def schema_fields(schema: Column) -> Column:
+    """The row fields declared by a Connect value schema: ``after``'s fields, else ``before``'s (debezium.md 1)."""
+    top = F.try_variant_get(schema, "$.fields", "array<struct<field: string, fields: variant>>")
+    images = F.filter(F.coalesce(top, F.array()), lambda f: f["field"].isin("after", "before"))
+    typed = F.transform(
+        images,
+        lambda f: F.struct(
+            f["field"].alias("which"), F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>").alias("fields")
+        ),
+    )
+    after = F.filter(typed, lambda f: (f["which"] == "after") & f["fields"].isNotNull())
+    before = F.filter(typed, lambda f: (f["which"] == "before") & f["fields"].isNotNull())
+    return F.coalesce(F.get(after, 0)["fields"], F.get(before, 0)["fields"])
+
+
+def inferred_fields(before: Column, after: Column, kinds: Column) -> Column:
+    """Schemaless column descriptions of both images, in message order (after's columns first)."""
+    names = F.array_distinct(
+        F.concat(
+            F.coalesce(F.map_keys(after), F.array().cast("array<string>")),
+            F.coalesce(F.map_keys(before), F.array().cast("array<string>")),
+        )
+    )
+
+    def pick(k: Column) -> Column:
+        use_after = F.coalesce(after[k].cast("string").isNotNull(), F.lit(False))
+        value = F.when(use_after, after[k]).otherwise(before[k])
+        text = F.when(use_after, kinds["after"][k]).otherwise(kinds["before"][k])
+        return inferred_field(k, value, text)
+
+    return F.transform(names, pick)
+
+
+def image_stages(
+    df: DataFrame,
+    payload: Column,
+    fields: Column,
+    unavailable: tuple[str, ...] = (),
+) -> DataFrame:
+    """Adds the typed-image columns ``_fields``, ``_info``, ``_after_pairs``, ``_before_pairs``, ``_partial``.
+
+    Staged selects, so that Spark evaluates each big expression once. ``_*_pairs`` map each column to
+    ``struct<raw, text>`` (the value's JSON text and its canonical text; text null + raw not null = does not fit).
+    Values equal to one of ``unavailable`` are left out of the images (``_partial`` = after lost a column).
+    """
+
+    def available(image: Column) -> Column:
+        if not unavailable:
+            return image
+        return F.map_filter(image, lambda _k, v: ~F.coalesce(v.cast("string").isin(*unavailable), F.lit(False)))
+
+    staged = df.select(
+        "*",
+        fields.alias("_fields"),
+        available(payload["after"]).alias("_after_in"),
+        available(payload["before"]).alias("_before_in"),
+        F.coalesce(F.size(available(payload["after"])) < F.size(payload["after"]), F.lit(False)).alias("_partial"),
+    )
+    staged = staged.select(
+        "*", F.map_from_entries(F.transform(F.col("_fields"), lambda f: F.struct(f["field"], f))).alias("_info")
+    )
+    info = F.col("_info")
+
+    def pairs(image: Column) -> Column:
+        return F.transform_values(
+            image,
+            lambda k, v: let(
+                info[k],
+                lambda i: F.struct(
+                    v.cast("string").alias("raw"),
+                    F.when(i.isNotNull(), canonical_value(v, i)).otherwise(v.cast("string")).alias("text"),
+                ),
+            ),
+        )
+
+    return staged.select(
+        "*", pairs(F.col("_after_in")).alias("_after_pairs"), pairs(F.col("_before_in")).alias("_before_pairs")
+    )
+
+
+def fields_columns(fields: Column) -> Column:
+    """``columns`` (name, vendor type, Spark type) of Connect-style field descriptions."""
+    return F.transform(
+        fields,
+        lambda f: F.struct(
+            f["field"].alias("name"),
+            F.coalesce(f["name"], f["type"]).alias("vendor_type"),
+            F.coalesce(spark_type(f), F.lit("string")).alias("spark_type"),
+        ),
+    )
+
+
+def fields_errors(is_row: Column) -> list[tuple[Column, str | Column]]:
+    """Per-message errors about the staged images (see :func:`image_stages`)."""
+    fields = F.col("_fields")
+    unknown = F.filter(fields, lambda f: spark_type(f).isNull())
+    names = F.transform(fields, lambda f: f["field"])
+    return [
+        (is_row & (F.size(F.array_distinct(names)) < F.size(names)), "the value schema declares a column twice"),
+        (
+            is_row & (F.size(unknown) > 0),
+            F.format_string(
+                "column %s has unsupported Connect type %s (%s)",
+                F.get(unknown, 0)["field"],
+                F.get(unknown, 0)["type"],
+                F.coalesce(F.get(unknown, 0)["name"], F.lit("no logical name")),
+            ),
+        ),
+        _bad_value_error(is_row, F.col("_after_pairs"), "after"),
+        _bad_value_error(is_row, F.col("_before_pairs"), "before"),
+    ]
+
+
+def _bad_value_error(is_row: Column, pairs: Column, which: str) -> tuple[Column, Column]:
+    bad = F.filter(F.map_entries(pairs), lambda e: e["value"]["raw"].isNotNull() & e["value"]["text"].isNull())
+    descr = F.col("_info")[F.get(bad, 0)["key"]]
+    return (
+        is_row & (F.size(bad) > 0),
+        F.format_string(
+            f"{which} value %s of column %s does not fit its type %s",
+            F.substring(F.get(bad, 0)["value"]["raw"], 1, 80),
+            F.get(bad, 0)["key"],
+            F.coalesce(descr["name"], descr["type"]),
+        ),
+    )
+
+
+def texts(pairs: Column) -> Column:
+    """Canonical image of staged pairs."""
+    return F.transform_values(pairs, lambda _k, v: v["text"])

@@ -1,0 +1,485 @@
+"""Debezium JSON (``debezium-json``) and Alibaba Lindorm's Debezium-like subscription format (``lindorm-debezium``).
+
+Specs: ``shared/formats/debezium.md`` and ``shared/formats/lindorm-debezium.md``. Both carry a Debezium envelope
+``{before, after, source, op, ts_ms}``, optionally wrapped in a Kafka Connect ``{"schema", "payload"}`` pair. The
+two formats share the image helpers of ``_json_images`` (value conversion by Connect type, type inference from
+JSON value kinds); they differ in keys, ordering, partial images and the control topics.
+
+Choices where the specs are silent (documented here once):
+
+* Without a Connect schema (``schemas.enable=false``, or Lindorm's ``"schema": {}``) column types are inferred from
+  the JSON value kinds: integers -> ``bigint``, numbers with a fraction or exponent -> ``double`` (the canonical
+  text keeps the exact digits), strings -> ``string``, booleans -> ``boolean``, objects and arrays -> ``string``
+  (JSON text), a column that is null in the message -> ``string``. Logical types (Decimal bytes, epoch days...)
+  cannot be recognised without the schema: such values arrive as what their JSON kind says.
+* Times of day (``io.debezium.time.Time/MicroTime/NanoTime``, Connect ``Time``) have no canonical Spark type: they
+  become ``string`` ``[-]HH:mm:ss.ffffff`` (MySQL TIME may be negative or exceed 24 hours).
+* ``Timestamp``/``MicroTimestamp``/``NanoTimestamp`` (wall-clock DATETIME encoded "as if UTC", debezium.md 6) and
+  ``ZonedTimestamp`` all become ``timestamp`` instants without any shift; nanoseconds are truncated to microseconds.
+* ``Decimal`` becomes ``decimal(p,s)`` (``p`` from ``connect.decimal.precision``, else 38); precisions above 38 and
+  PostgreSQL ``VariableScaleDecimal`` become ``string`` holding the exact decimal text.
+* Debezium keys come from the Kafka key (debezium.md 4); a key that is not a JSON object gives no key columns.
+* A tombstone (null value) is ``OTHER`` with ``vendor_op`` ``tombstone``; transaction records are ``TXN_BEGIN`` /
+  ``TXN_END`` (``vendor_op`` = status, ``txn_id`` = ``id``); a value with only ``ts_ms`` is ``HEARTBEAT``
+  (``vendor_op`` ``heartbeat``); schema-change records (``ddl`` or ``historyRecord``) are ``DDL`` (``vendor_op``
+  ``ddl``). ``m`` messages are ``OTHER``. ``t`` is ``TRUNCATE`` without DDL text (Debezium carries none).
+* Ordering (``debezium_position``): PostgreSQL ``lsn``; MySQL binlog file number, ``pos``, ``row``; Oracle
+  ``commit_scn`` (``scn`` for snapshot rows) then ``scn``; SQL Server ``commit_lsn``, ``change_lsn``,
+  ``event_serial_no``. MySQL GTID-only sources and other connectors get no position (Kafka order).
+* Lindorm: no position (lindorm-debezium.md "Ordering": the Kafka order is the order); SQL tables carry no key
+  (configure ``keys``); HBase tables (recognised by a ``ROW`` column) declare every column ``binary`` and are keyed
+  by the hex text of ``ROW`` in ``model.ROW_ID_COLUMN`` (see :func:`with_row_id`).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.formats import register
+from cdclake.formats._json_images import (
+    div,
+    fields_columns,
+    fields_errors,
+    image_stages,
+    inferred_fields,
+    schema_fields,
+    texts,
+)
+from cdclake.formats.base import (
+    MESSAGE_KEY,
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    finish,
+    first_error,
+    op_from_code,
+)
+from cdclake.model import Op
+
+NAME: Final = "debezium-json"
+LINDORM_NAME: Final = "lindorm-debezium"
+
+PLACEHOLDER: Final = "__debezium_unavailable_value"
+"""debezium.md 6: default ``unavailable.value.placeholder``."""
+
+# debezium.md 2, "Canonical mapping".
+OPERATIONS: Final = {
+    "c": Op.INSERT,
+    "u": Op.UPDATE,
+    "d": Op.DELETE,
+    "r": Op.UPSERT,
+    "t": Op.TRUNCATE,
+    "m": Op.OTHER,
+    "BEGIN": Op.TXN_BEGIN,
+    "END": Op.TXN_END,
+    "heartbeat": Op.HEARTBEAT,
+    "ddl": Op.DDL,
+    "tombstone": Op.OTHER,
+}
+_DATA_OPS: Final = {k: v for k, v in OPERATIONS.items() if len(k) == 1}
+
+# lindorm-debezium.md "Operations": c/u/d, r reserved ("not produced yet").
+LINDORM_OPERATIONS: Final = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.UPSERT}
+
+_SOURCE: Final = (
+    "STRUCT<version: STRING, connector: STRING, name: STRING, ts_ms: BIGINT, ts_us: BIGINT, ts_ns: STRING, "
+    "snapshot: STRING, db: STRING, sequence: STRING, `schema`: STRING, `table`: STRING, file: STRING, pos: STRING, "
+    "`row`: STRING, gtid: STRING, txId: STRING, lsn: STRING, scn: STRING, commit_scn: STRING, change_lsn: STRING, "
+    "commit_lsn: STRING, event_serial_no: STRING, namespace: STRING>"
+)
+
+
+def _envelope(image: str) -> list[tuple[str, str]]:
+    return [
+        ("op", "STRING"),
+        ("before", f"MAP<STRING, {image}>"),
+        ("after", f"MAP<STRING, {image}>"),
+        ("source", _SOURCE),
+        ("ts_ms", "BIGINT"),
+        ("transaction", "STRUCT<id: STRING, total_order: BIGINT, data_collection_order: BIGINT>"),
+        ("status", "STRING"),
+        ("id", "STRING"),
+        ("databaseName", "STRING"),
+        ("schemaName", "STRING"),
+        ("ddl", "STRING"),
+        ("historyRecord", "STRING"),
+        ("message", "STRUCT<prefix: STRING, content: STRING>"),
+    ]
+
+
+def _raw_schema(image: str) -> str:
+    fields = _envelope(image)
+    inner = ", ".join(f"`{n}`: {t}" for n, t in fields)
+    top = ", ".join(f"`{n}` {t}" for n, t in fields)
+    return f"`schema` VARIANT, payload STRUCT<{inner}>, {top}, _corrupt_record STRING"
+
+
+RAW_SCHEMA: Final = _raw_schema("VARIANT")
+"""Images as MAP<STRING, VARIANT>: exact numbers (base.exact_text_image)."""
+KIND_SCHEMA: Final = (
+    "payload STRUCT<before: MAP<STRING, STRING>, after: MAP<STRING, STRING>>, "
+    "before MAP<STRING, STRING>, after MAP<STRING, STRING>"
+)
+"""The same images as JSON text: only to tell ``120.0`` (a fraction) from ``120`` when inferring types."""
+
+
+def _key_columns(key: Column) -> Column:
+    """debezium.md 4: the Kafka key is a JSON struct of the key columns, with or without the Connect schema."""
+    text = key.cast("string")
+    bare = F.from_json(text, "MAP<STRING, VARIANT>")
+    wrapped = F.from_json(text, "`schema` VARIANT, payload MAP<STRING, VARIANT>")
+    is_wrapped = (
+        F.map_contains_key(bare, "schema") & F.map_contains_key(bare, "payload") & wrapped["payload"].isNotNull()
+    )
+    keys = F.when(is_wrapped, F.map_keys(wrapped["payload"])).otherwise(F.map_keys(bare))
+    return F.coalesce(keys, F.array().cast("array<string>"))
+
+
+def _binlog_number(file: Column) -> Column:
+    """debezium.md 2 (MySQL ``file``): ``mysql-bin.000003`` -> its numeric suffix, sortable."""
+    return model.sortable_decimal(F.regexp_extract(file, r"\.(\d+)$", 1), 12)
+
+
+def debezium_position(source: Column) -> Column:
+    """debezium.md 2 "source block": a string in source order, by whichever connector fields are present.
+
+    PostgreSQL ``lsn``; MySQL/MariaDB (``file`` numeric suffix, ``pos``, ``row``); Oracle (``commit_scn`` or, for
+    snapshot rows, ``scn``; then ``scn``); SQL Server/Db2 (``commit_lsn``, ``change_lsn``, ``event_serial_no``: the
+    LSNs are fixed-width hex text that already sorts). Null when none is present.
+    """
+    pg = model.sortable_decimal(source["lsn"], 20)
+    mysql = F.concat_ws(
+        ":",
+        _binlog_number(source["file"]),
+        model.sortable_decimal(source["pos"], 20),
+        model.sortable_decimal(F.coalesce(source["row"], F.lit("0")), 10),
+    )
+    oracle = F.concat_ws(
+        ":",
+        model.sortable_decimal(F.coalesce(source["commit_scn"], source["scn"]), 24),
+        model.sortable_decimal(F.coalesce(source["scn"], source["commit_scn"]), 24),
+    )
+    sqlserver = F.concat_ws(
+        ":",
+        source["commit_lsn"],
+        F.coalesce(source["change_lsn"], F.lit("")),
+        model.sortable_decimal(F.coalesce(source["event_serial_no"], F.lit("0")), 10),
+    )
+    return (
+        F.when(source["lsn"].isNotNull(), F.when(pg.isNotNull(), pg))
+        .when(
+            source["file"].isNotNull(),
+            F.when(
+                _binlog_number(source["file"]).isNotNull()
+                & model.sortable_decimal(source["pos"], 20).isNotNull()
+                & model.sortable_decimal(F.coalesce(source["row"], F.lit("0")), 10).isNotNull(),
+                mysql,
+            ),
+        )
+        .when(
+            source["scn"].isNotNull() | source["commit_scn"].isNotNull(),
+            F.when(
+                model.sortable_decimal(F.coalesce(source["commit_scn"], source["scn"]), 24).isNotNull()
+                & model.sortable_decimal(F.coalesce(source["scn"], source["commit_scn"]), 24).isNotNull(),
+                oracle,
+            ),
+        )
+        .when(
+            source["commit_lsn"].isNotNull(),
+            F.when(
+                model.sortable_decimal(F.coalesce(source["event_serial_no"], F.lit("0")), 10).isNotNull(), sqlserver
+            ),
+        )
+    )
+
+
+def _has_position_fields(source: Column) -> Column:
+    return (
+        source["lsn"].isNotNull()
+        | source["file"].isNotNull()
+        | source["scn"].isNotNull()
+        | source["commit_scn"].isNotNull()
+        | source["commit_lsn"].isNotNull()
+    )
+
+
+def _event_time(source: Column, fallback_ms: Column) -> Column:
+    """debezium.md 2: ``source.ts_us``/``ts_ns`` (2.6+) when present, else ``source.ts_ms``, else the envelope's."""
+    return F.coalesce(
+        F.timestamp_micros(source["ts_us"]),
+        F.timestamp_micros(div(source["ts_ns"].try_cast("bigint"), 1000)),
+        F.timestamp_millis(source["ts_ms"]),
+        F.timestamp_millis(fallback_ms),
+    )
+
+
+def parse(messages: DataFrame) -> DataFrame:
+    """Raw messages + ``_m`` (parsed value), ``_p`` (the envelope: ``payload`` or the value itself) and ``_kinds``
+    (the images as JSON text, for type inference)."""
+    options = {"columnNameOfCorruptRecord": "_corrupt_record"}
+    text = F.col(MESSAGE_VALUE).cast("string")
+    parsed = messages.withColumn("_m", F.from_json(text, RAW_SCHEMA, options)).withColumn(
+        "_k", F.from_json(text, KIND_SCHEMA)
+    )
+    m, kinds = F.col("_m"), F.col("_k")
+    # debezium.md 1: "if the value has payload and schema keys use value.payload, else value".
+    wrapped = m["payload"].isNotNull()
+    payload = F.when(wrapped, m["payload"]).otherwise(F.struct(*(m[n].alias(n) for n, _ in _envelope("VARIANT"))))
+    kind_images = F.when(wrapped, kinds["payload"]).otherwise(F.struct(kinds["before"], kinds["after"]))
+    return parsed.select("*", payload.alias("_p"), kind_images.alias("_kinds"))
+
+
+def declared_or_inferred_fields() -> Column:
+    p = F.col("_p")
+    return F.coalesce(schema_fields(F.col("_m")["schema"]), inferred_fields(p["before"], p["after"], F.col("_kinds")))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# debezium-json
+
+
+def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
+    """Debezium JSON messages (data, transaction, heartbeat and schema-change topics; tombstones) -> events."""
+    placeholder = options.get("unavailable_value_placeholder", PLACEHOLDER)
+    # debezium.md 6 "Unavailable values": the placeholder (or, for bytes columns, its base64) never overwrites a
+    # stored value: such columns are left out of the images, and the after image becomes partial.
+    unavailable = (placeholder, base64.b64encode(placeholder.encode()).decode())
+    staged = image_stages(parse(messages), F.col("_p"), declared_or_inferred_fields(), unavailable)
+    staged = staged.select("*", debezium_position(F.col("_p")["source"]).alias("_position"))
+    m, p = F.col("_m"), F.col("_p")
+    source = p["source"]
+    tombstone = F.col(MESSAGE_VALUE).isNull()
+    is_data = p["op"].isNotNull()
+    is_txn = ~is_data & p["status"].isNotNull()
+    is_ddl = ~is_data & ~is_txn & (p["ddl"].isNotNull() | p["historyRecord"].isNotNull())
+    # debezium.md 3: heartbeat values carry only ts_ms.
+    is_heartbeat = (
+        ~is_data
+        & ~is_txn
+        & ~is_ddl
+        & p["ts_ms"].isNotNull()
+        & source.isNull()
+        & p["before"].isNull()
+        & p["after"].isNull()
+        & p["id"].isNull()
+    )
+    vendor_op = (
+        F.when(tombstone, F.lit("tombstone"))
+        .when(is_data, p["op"])
+        .when(is_txn, p["status"])
+        .when(is_ddl, F.lit("ddl"))
+        .when(is_heartbeat, F.lit("heartbeat"))
+    )
+    # debezium.md 2 "Canonical mapping": a tombstone (null value after a delete) is an OTHER event, never an error
+    # and never applied: the delete before it already removed the row.
+    op = (
+        F.when(tombstone, F.lit(Op.OTHER.value))
+        .when(is_data, op_from_code(p["op"], _DATA_OPS))
+        .when(is_txn, op_from_code(p["status"], {"BEGIN": Op.TXN_BEGIN, "END": Op.TXN_END}))
+        .when(is_ddl, F.lit(Op.DDL.value))
+        .when(is_heartbeat, F.lit(Op.HEARTBEAT.value))
+    )
+    is_row = op.isin(*(o.value for o in model.ROW_OPS))
+    position = F.col("_position")
+    ddl_text = F.coalesce(p["ddl"], F.get_json_object(p["historyRecord"], "$.ddl"))
+    with_table = is_row | (op == Op.TRUNCATE.value) | is_ddl
+    decoded = staged.select(
+        "*",
+        op.alias(model.OP),
+        vendor_op.alias(model.VENDOR_OP),
+        F.when(~tombstone, source["connector"]).alias(model.DB_TYPE),
+        F.when(with_table, F.coalesce(p["databaseName"], source["db"])).alias(model.DATABASE),
+        F.when(with_table, F.coalesce(p["schemaName"], source["schema"])).alias(model.SCHEMA),
+        F.when(with_table, F.nullif(source["table"], F.lit(""))).alias(model.TABLE),
+        F.when(is_row, _key_columns(F.col(MESSAGE_KEY))).alias(model.KEY_COLUMNS),
+        F.when(is_row, texts(F.col("_before_pairs"))).alias(model.BEFORE),
+        F.when(is_row, texts(F.col("_after_pairs"))).alias(model.AFTER),
+        (is_row & F.col("_partial")).alias(model.AFTER_IS_PARTIAL),
+        F.when(is_row, fields_columns(F.col("_fields"))).alias(model.COLUMNS),
+        F.when(with_table, position).alias(model.POSITION),
+        F.when(~tombstone, _event_time(F.when(~is_txn & ~is_heartbeat, source), p["ts_ms"])).alias(model.EVENT_TIME),
+        F.when(is_txn, p["id"]).otherwise(p["transaction"]["id"]).alias(model.TXN_ID),
+        F.when(is_ddl, ddl_text).alias(model.DDL),
+    )
+    error = first_error(
+        (~tombstone & (m.isNull() | m["_corrupt_record"].isNotNull()), "malformed JSON (or a field of the wrong kind)"),
+        (~tombstone & vendor_op.isNull(), "not a Debezium message: no op, transaction status, ddl or heartbeat ts_ms"),
+        (is_data & op.isNull(), F.format_string("unknown Debezium op '%s'", p["op"])),
+        (is_txn & op.isNull(), F.format_string("unknown transaction status '%s'", p["status"])),
+        (is_txn & p["id"].isNull(), "transaction record without id"),
+        *fields_errors(is_row),
+        (
+            with_table & _has_position_fields(source) & position.isNull(),
+            F.format_string(
+                "source position cannot be ordered (lsn %s, file %s, pos %s, scn %s, commit_lsn %s)",
+                source["lsn"],
+                source["file"],
+                source["pos"],
+                F.coalesce(source["commit_scn"], source["scn"]),
+                source["commit_lsn"],
+            ),
+        ),
+    )
+    return finish(decoded, NAME, error)
+
+
+def sniff(message: Any) -> bool:
+    """README "Recognition": Debezium with schema (``payload.op`` one letter), without schema (top-level ``op`` +
+    ``source``), transaction topic (``status`` BEGIN/END + ``id``), heartbeat (only ``ts_ms``), tombstone (null);
+    anything with ``source.namespace`` is Lindorm's."""
+    if message is None:
+        return True
+    if not isinstance(message, dict):
+        return False
+    body = message.get("payload") if {"schema", "payload"} <= message.keys() else message
+    if not isinstance(body, dict):
+        return False
+    source = body.get("source")
+    if isinstance(source, dict) and "namespace" in source and "connector" not in source:
+        return False
+    if body.get("op") in _DATA_OPS and isinstance(source, dict):
+        return True
+    if body.get("status") in ("BEGIN", "END") and "id" in body:
+        return True
+    if "ddl" in body and isinstance(source, dict):
+        return True
+    return set(body) == {"ts_ms"}
+
+
+FORMAT: Final = register(
+    CdcFormat(
+        name=NAME,
+        description="Debezium JSON change events (with or without the Connect schema), transaction, heartbeat "
+        "and schema-change topics, tombstones",
+        decode=decode,
+        operations=OPERATIONS,
+        options={
+            "unavailable_value_placeholder": f"the connector's unavailable.value.placeholder (default {PLACEHOLDER})"
+        },
+        sniff=sniff,
+        examples=("debezium.jsonl",),
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# lindorm-debezium
+
+HBASE_ROW: Final = "ROW"
+"""lindorm-debezium.md "HBase tables": the row key column; every other column is ``<family>_<qualifier>``."""
+
+
+def _row_id_columns(is_hbase: Column) -> Column:
+    column = F.struct(
+        F.lit(model.ROW_ID_COLUMN).alias("name"),
+        F.lit("hbase row key (hex)").alias("vendor_type"),
+        F.lit("string").alias("spark_type"),
+    )
+    return F.when(is_hbase, F.array(column)).otherwise(F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>"))
+
+
+def with_row_id(image: Column, is_hbase: Column) -> Column:
+    """lindorm-debezium.md "HBase tables": the key is the ``ROW`` bytes. They stay in the binary column ``ROW``;
+    the key is their lower-case hex text in ``model.ROW_ID_COLUMN``, because the Delta sink keeps statistics on key
+    columns and Delta has none for binary columns."""
+    row_id = F.lower(F.hex(F.try_to_binary(image[HBASE_ROW], F.lit("base64"))))
+    return F.when(
+        is_hbase & image.isNotNull(), F.map_concat(image, F.create_map(F.lit(model.ROW_ID_COLUMN), row_id))
+    ).otherwise(image)
+
+
+def _hbase_fields(before: Column, after: Column) -> Column:
+    """lindorm-debezium.md "HBase tables": every value is base64 of raw bytes, without type information."""
+    names = F.array_distinct(
+        F.concat(
+            F.coalesce(F.map_keys(after), F.array().cast("array<string>")),
+            F.coalesce(F.map_keys(before), F.array().cast("array<string>")),
+        )
+    )
+    return F.transform(
+        names,
+        lambda n: F.struct(
+            n.alias("field"),
+            F.lit("bytes").alias("type"),
+            F.lit("hbase bytes").alias("name"),
+            F.create_map().cast("map<string,string>").alias("parameters"),
+        ),
+    )
+
+
+def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
+    """Lindorm subscription messages (Debezium-like v2.0, SQL and HBase tables) -> events (one per message)."""
+    del options  # the format has none
+    parsed = parse(messages)
+    p = F.col("_p")
+    is_hbase = F.coalesce(
+        F.map_contains_key(p["after"], HBASE_ROW) | F.map_contains_key(p["before"], HBASE_ROW), F.lit(False)
+    )
+    fields = F.when(is_hbase, _hbase_fields(p["before"], p["after"])).otherwise(declared_or_inferred_fields())
+    staged = image_stages(parsed, p, fields)
+    m, source = F.col("_m"), p["source"]
+    vendor_op = p["op"]
+    op = op_from_code(vendor_op, LINDORM_OPERATIONS)
+    is_row = op.isin(*(o.value for o in model.ROW_OPS))
+    after = with_row_id(texts(F.col("_after_pairs")), is_hbase)
+    before = with_row_id(texts(F.col("_before_pairs")), is_hbase)
+    # lindorm-debezium.md "Column deletion": a column missing from `after` (present in `before`, or declared by the
+    # schema) was deleted: `after` is a full image, and the missing columns are written as NULL explicitly.
+    declared = F.transform(F.col("_fields"), lambda f: f["field"])  # ROW_ID_COLUMN is always in `after`
+    missing = F.filter(declared, lambda n: ~F.map_contains_key(after, n))
+    full_after = F.map_concat(
+        after, F.map_from_arrays(missing, F.transform(missing, lambda _n: F.lit(None).cast("string")))
+    )
+    decoded = staged.select(
+        "*",
+        op.alias(model.OP),
+        vendor_op.alias(model.VENDOR_OP),
+        F.lit("Lindorm").alias(model.DB_TYPE),
+        # lindorm-debezium.md "Layout": namespace ~ database; `db` is the instance id (ld-...).
+        source["namespace"].alias(model.DATABASE),
+        source["table"].alias(model.TABLE),
+        # HBase: the key is the row key `ROW`; SQL tables: from the table DDL (configure `keys`).
+        F.when(
+            is_row, F.when(is_hbase, F.array(F.lit(model.ROW_ID_COLUMN))).otherwise(F.array().cast("array<string>"))
+        ).alias(model.KEY_COLUMNS),
+        F.when(is_row, before).alias(model.BEFORE),
+        F.when(is_row & p["after"].isNotNull(), full_after).alias(model.AFTER),
+        F.when(is_row, F.concat(fields_columns(F.col("_fields")), _row_id_columns(is_hbase))).alias(model.COLUMNS),
+        # lindorm-debezium.md "Ordering": no sequence field; the Kafka order is the order (position null).
+        F.timestamp_millis(F.coalesce(source["ts_ms"], p["ts_ms"])).alias(model.EVENT_TIME),
+    )
+    error = first_error(
+        (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong kind)"),
+        (vendor_op.isNull(), "missing payload.op: not a Lindorm subscription message"),
+        (op.isNull(), F.format_string("unknown Lindorm op '%s'", vendor_op)),
+        (source["namespace"].isNull(), "missing payload.source.namespace"),
+        *fields_errors(is_row),
+    )
+    return finish(decoded, LINDORM_NAME, error)
+
+
+def lindorm_sniff(message: Any) -> bool:
+    """README "Recognition": ``payload.source.namespace`` and no ``source.connector`` (also un-wrapped)."""
+    if not isinstance(message, dict):
+        return False
+    body = message.get("payload") if {"schema", "payload"} <= message.keys() else message
+    source = body.get("source") if isinstance(body, dict) else None
+    return isinstance(source, dict) and "namespace" in source and "connector" not in source
+
+
+LINDORM_FORMAT: Final = register(
+    CdcFormat(
+        name=LINDORM_NAME,
+        description="Alibaba Lindorm data subscription, Debezium format v2.0 (SQL and HBase tables)",
+        decode=lindorm_decode,
+        operations=LINDORM_OPERATIONS,
+        sniff=lindorm_sniff,
+        examples=("lindorm-debezium.jsonl",),
+    )
+)

@@ -1,0 +1,97 @@
+"""Quirks of the Debezium family, Maxwell and OGG that golden files do not show well."""
+
+from __future__ import annotations
+
+import base64
+from decimal import Decimal, localcontext
+
+import pytest
+
+from cdclake.formats import get_format
+from tests.conftest import SHARED
+from tests.formats.golden import read_jsonl
+
+EXAMPLES = SHARED / "formats" / "examples"
+MINE = {
+    "debezium-json": "debezium.jsonl",
+    "lindorm-debezium": "lindorm-debezium.jsonl",
+    "maxwell-json": "maxwell.jsonl",
+    "ogg-json": "ogg-json.jsonl",
+}
+
+
+@pytest.mark.parametrize(("name", "file_name"), sorted(MINE.items()))
+def test_sniff_accepts_own_examples_and_rejects_the_others(name: str, file_name: str) -> None:
+    sniff = get_format(name).sniff
+    assert sniff is not None
+    for line in read_jsonl(EXAMPLES / file_name):
+        assert sniff(line["value"]), (name, line["case"])
+    for other_name, other_file in MINE.items():
+        if other_name == name:
+            continue
+        for line in read_jsonl(EXAMPLES / other_file):
+            if line["value"] is None:  # a tombstone is Debezium's
+                continue
+            assert not sniff(line["value"]), (name, other_name, line["case"])
+
+
+def test_sniff_rejects_dataworks_and_canal_shapes() -> None:
+    for file_name in ("dataworks-json.jsonl", "canal-flat.jsonl"):
+        for line in read_jsonl(EXAMPLES / file_name):
+            for name in MINE:
+                sniff = get_format(name).sniff
+                assert sniff is not None
+                assert not sniff(line["value"]), (name, file_name, line["case"])
+
+
+def _two_complement(unscaled: int) -> str:
+    size = (unscaled.bit_length() + 8) // 8
+    return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
+
+
+@pytest.mark.spark
+def test_connect_decimal_bytes_are_exact_for_any_length(spark) -> None:
+    from pyspark.sql import functions as F
+
+    from cdclake.formats._json_images import unscaled_text
+
+    cases = [
+        (0, 0),
+        (-1, 0),
+        (127, 2),
+        (128, 2),
+        (-128, 2),
+        (-129, 3),
+        (255, 1),
+        (2**63, 0),
+        (-(2**63) - 1, 4),
+        (2**127 - 1, 10),
+        (-(2**127), 38),
+        (10**64 + 7, 30),  # MySQL DECIMAL(65,30): beyond Spark's 38 digits, still exact text
+        (5, -2),
+    ]
+    rows = [(_two_complement(u), s) for u, s in cases]
+    frame = spark.createDataFrame(rows, "b string, s int")
+    got = [r[0] for r in frame.select(unscaled_text(F.col("b"), F.col("s"))).collect()]
+    with localcontext() as context:
+        context.prec = 100
+        want = [Decimal(u).scaleb(-s) for u, s in cases]
+        assert [Decimal(g) for g in got] == want
+    assert got[:5] == ["0", "-1", "1.27", "1.28", "-1.28"]
+    assert got[-1] == "500"
+
+
+@pytest.mark.spark
+def test_unavailable_placeholder_is_configurable(spark) -> None:
+    from tests.formats.golden import canonical_rows, messages_frame
+
+    value = {
+        "before": None,
+        "after": {"id": 1, "body": "<n/a>", "title": "t"},
+        "source": {"connector": "postgresql", "db": "d", "schema": "s", "table": "t", "lsn": 5, "ts_ms": 1},
+        "op": "u",
+    }
+    frame = messages_frame(spark, [{"key": None, "value": value}])
+    (row,) = canonical_rows(get_format("debezium-json").decode(frame, {"unavailable_value_placeholder": "<n/a>"}))
+    assert row["after"] == {"id": "1", "title": "t"}
+    assert row["after_is_partial"] is True
