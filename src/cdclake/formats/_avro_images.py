@@ -133,6 +133,24 @@ def align(
     )
 
 
+def declared_columns(fields: Column, before: Column, after: Column, fallback_type: Column) -> Column:
+    """The canonical ``columns`` of a DTS/DRS record: each field's Spark type as its value branch says (after image
+    first, then before), else from its type code via ``fallback_type`` (a code -> Spark type map), else string."""
+    return F.transform(
+        fields,
+        lambda f, i: F.struct(
+            f["name"].alias("name"),
+            f["dataTypeNumber"].cast("string").alias("vendor_type"),
+            F.coalesce(
+                after[i]["value"]["spark_type"],
+                before[i]["value"]["spark_type"],
+                F.try_element_at(fallback_type, f["dataTypeNumber"]),
+                F.lit("string"),
+            ).alias("spark_type"),
+        ),
+    )
+
+
 def image(aligned: Column, present: Column) -> Column:
     """Canonical image ``MAP<STRING, STRING>`` from :func:`align` output; absent values left out; null when the
     message carries no image."""

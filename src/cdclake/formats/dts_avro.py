@@ -369,19 +369,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     with_images = parsed.select("*", aligned(before_items).alias("_before"), aligned(after_items).alias("_after"))
     before, after = F.col("_before"), F.col("_after")
     fallback_type = F.when(is_mysql, _code_map(MYSQL_TYPES)).when(is_pg, _code_map(PG_TYPES))
-    columns = F.transform(
-        fields,
-        lambda f, i: F.struct(
-            f["name"].alias("name"),
-            f["dataTypeNumber"].cast("string").alias("vendor_type"),
-            F.coalesce(
-                after[i]["value"]["spark_type"],
-                before[i]["value"]["spark_type"],
-                F.try_element_at(fallback_type, f["dataTypeNumber"]),
-                F.lit("string"),
-            ).alias("spark_type"),
-        ),
-    )
+    columns = av.declared_columns(fields, before, after, fallback_type)
     tags = r["tags"]
     database, schema, table, too_many_parts = _object_name(r["objectName"])
     database = F.coalesce(tags["l_db_name"], database)
