@@ -214,7 +214,8 @@ class TablePlan:
     """Order of the newest TRUNCATE in the batch, if any."""
     ddl_count: int = 0
     row_events: int = 0
-    type_conflicts: list[str] = field(default_factory=list)
+    declared_types: dict[str, set[str]] = field(default_factory=dict)
+    """Lower-cased column name -> every Spark type the batch's messages declare for it (usually one)."""
 
 
 def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
@@ -266,8 +267,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             if name.lower() not in known:
                 plan.columns.append((name, spark_type))
                 known[name.lower()] = spark_type
-            elif known[name.lower()] != spark_type:
-                plan.type_conflicts.append(f"{name}: {spark_type} vs {known[name.lower()]}")
+            plan.declared_types.setdefault(name.lower(), set()).add(spark_type)
         if not plan.key_columns and row["keys"]:
             plan.key_columns = list(row["keys"])
         if row["truncate_order"] and (plan.truncate_order or "") < row["truncate_order"]:

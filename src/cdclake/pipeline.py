@@ -241,18 +241,23 @@ class Pipeline:
         """
         reason: Column | None = None
         for plan in plans:
-            stored = {name.lower(): t for name, t in table_columns[plan.table_id]}
-            differing = [(n, t, stored[n.lower()]) for n, t in plan.columns if stored.get(n.lower(), t) != t]
+            stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
+            differing = [
+                (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
+                for key, types in sorted(plan.declared_types.items())
+                if key in stored and types - {stored[key][1]}
+            ]
             if not differing:
                 continue
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
             for name, declared, table_type in differing:
+                message = F.lit(
+                    f"value of column {name} (declared {', '.join(declared)}) does not fit the lake table's type "
+                    f"{table_type}"
+                )
                 for image in (F.col(model.AFTER), F.col(model.BEFORE)):
                     text = image[name]
                     lost = this_table & text.isNotNull() & model.typed_value(text, table_type).isNull()
-                    message = F.lit(
-                        f"value of column {name} (declared {declared}) does not fit the lake table's type {table_type}"
-                    )
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
         return reason
 

@@ -206,3 +206,36 @@ def test_b64_encoding_of_json_is_identical_to_lines(spark, tmp_path: Path) -> No
         encoding="b64",
     )
     assert_lake_equals_truth(str(tmp_path / "lake"), history)
+
+
+def test_a_value_that_does_not_fit_the_tables_type_is_a_dead_letter_not_null(spark, lake, tmp_path: Path) -> None:
+    """An older message in a batch declares another type than the table has: its value must not become NULL."""
+
+    def message(seq: int, row_id: int, kind: str, value: object) -> str:
+        columns = [{"name": "id", "type": "LONG"}, {"name": "x", "type": kind}]
+        source = {"dbType": "MySQL", "dbName": "d", "tableName": "t"}
+        payload = {
+            "before": None,
+            "after": {"dataColumn": {"id": row_id, "x": value}},
+            "sequenceId": str(seq),
+            "op": "INSERT",
+            "timestamp": {"eventTime": seq},
+        }
+        return json.dumps(
+            {
+                "schema": {"dataColumn": columns, "primaryKey": ["id"], "source": source},
+                "payload": payload,
+                "version": "1.0.0",
+            }
+        )
+
+    first = tmp_path / "first.jsonl"
+    first.write_text(message(1, 1, "LONG", 5) + "\n")
+    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(first)])
+    second = tmp_path / "second.jsonl"
+    second.write_text(message(2, 2, "DOUBLE", 1.5) + "\n" + message(3, 3, "LONG", 7) + "\n")
+    results = replay(spark, lake=lake, format_name="dataworks-json", paths=[str(second)])
+    assert sorted(read_table(f"{lake}/d/t"), key=lambda r: r["id"]) == [{"id": 1, "x": 5}, {"id": 3, "x": 7}]
+    assert sum(r.dead_letters for r in results) == 1
+    reasons = [row["reason"] for row in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()]
+    assert reasons == ["value of column x (declared double) does not fit the lake table's type bigint"]
