@@ -261,15 +261,14 @@ def sortable_decimal(digits: Column, width: int = 24) -> Column:
     return F.when(digits.rlike(r"^\d+$") & (F.length(clean) <= width), F.lpad(clean, width, "0"))
 
 
-def kafka_position(partition: Column, offset: Column) -> Column:
+def kafka_position(partition: Column, offset: Column, *, before_vendor_positions: bool = False) -> Column:
     """Fallback ordering position from the Kafka coordinates, for events whose format carries none.
 
     Starts with ``~`` so that it sorts after every vendor position (digits, letters): an event without a vendor
-    position is treated as newer than any event with one.
+    position is treated as newer than any event with one. With ``before_vendor_positions`` it starts with ``!``
+    and sorts before all of them instead (full-load rows that precede the change stream, e.g. Qlik REFRESH).
     """
+    prefix = "!" if before_vendor_positions else "~"
     return F.concat(
-        F.lit("~"),
-        F.lpad(partition.cast("string"), 6, "0"),
-        F.lit(":"),
-        F.lpad(offset.cast("string"), 20, "0"),
+        F.lit(prefix), F.lpad(partition.cast("string"), 6, "0"), F.lit(":"), F.lpad(offset.cast("string"), 20, "0")
     )

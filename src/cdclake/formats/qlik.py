@@ -113,6 +113,35 @@ def _vendor_type(c: Column) -> Column:
     )
 
 
+def position_and_time(
+    headers: Column, op: Column, is_row: Column
+) -> tuple[Column, Column, list[tuple[Column, Column]]]:
+    """Ordering position, event time and their error checks from the data-message headers (JSON and Avro alike).
+
+    ``changeSequence`` (35 digits) orders changes. Full-load (REFRESH) rows carry none: they get a Kafka-order
+    position that sorts before every change, since the full load precedes the change stream.
+    """
+    sequence = headers["changeSequence"]
+    sequence_ok = sequence.rlike(r"^\d{35}$")
+    refresh = model.kafka_position(F.col("partition"), F.col("offset"), before_vendor_positions=True)
+    position = F.when(sequence_ok, sequence).when(op == Op.UPSERT.value, refresh)
+    stamp = headers["timestamp"]
+    event_time = F.when(
+        stamp != "", F.concat(F.replace(stamp, F.lit(" "), F.lit("T")), F.lit("Z")).try_cast("timestamp")
+    )
+    checks = [
+        (
+            is_row & (op != Op.UPSERT.value) & ~F.coalesce(sequence_ok, F.lit(False)),
+            F.format_string("changeSequence '%s' is not 35 digits", sequence),
+        ),
+        (
+            stamp.isNotNull() & (stamp != "") & event_time.isNull(),
+            F.format_string("timestamp '%s' is not a UTC time", stamp),
+        ),
+    ]
+    return position, event_time, checks
+
+
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """Qlik JSON messages -> canonical events (one per message, two for a transaction's last event)."""
     msg = F.from_json(F.col(MESSAGE_VALUE).cast("string"), RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"})
@@ -180,19 +209,9 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         .when(key_ok, F.get(key_parts, 1))
         .otherwise(fallback_table)
     )
-    sequence = headers["changeSequence"]
-    sequence_ok = sequence.rlike(r"^\d{35}$")
-    refresh_position = F.concat(
-        F.lit("!"), F.lpad(F.col("partition").cast("string"), 6, "0"), F.lit(":"),
-        F.lpad(F.col("offset").cast("string"), 20, "0"),
-    )  # fmt: skip
-    position = F.when(sequence_ok, sequence).when(op == Op.UPSERT.value, refresh_position)
-    stamp = headers["timestamp"]
-    event_time = F.when(
-        stamp != "", F.concat(F.replace(stamp, F.lit(" "), F.lit("T")), F.lit("Z")).try_cast("timestamp")
-    )
     txn_id = F.when(headers["transactionId"] != "", headers["transactionId"])
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
+    position, event_time, header_checks = position_and_time(headers, op, is_row)
     last_event = F.coalesce(is_row & headers["transactionLastEvent"], F.lit(False))
     parsed = messages.withColumn("_m", msg)
     exploded = parsed.select(
@@ -244,14 +263,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
             headers["changeMask"].isNotNull() & ~headers["changeMask"].rlike(hex_mask),
             F.format_string("changeMask '%s' is not hex bytes", headers["changeMask"]),
         ),
-        (
-            is_row & (op != Op.UPSERT.value) & ~F.coalesce(sequence_ok, F.lit(False)),
-            F.format_string("changeSequence '%s' is not 35 digits", sequence),
-        ),
-        (
-            stamp.isNotNull() & (stamp != "") & event_time.isNull(),
-            F.format_string("timestamp '%s' is not a UTC time", stamp),
-        ),
+        *header_checks,
     )
     return finish(decoded, NAME, error)
 

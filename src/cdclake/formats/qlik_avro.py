@@ -35,7 +35,7 @@ from pyspark.sql.avro.functions import from_avro
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
-from cdclake.formats.qlik import MAGIC, OPERATIONS, mask_bit
+from cdclake.formats.qlik import MAGIC, OPERATIONS, mask_bit, position_and_time
 from cdclake.model import Op
 
 NAME: Final = "qlik-avro"
@@ -221,17 +221,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     # qlik.md 3: DELETE row in data, or in beforeData: data ?? beforeData.
     after = F.when(is_row & ~is_delete, after_raw)
     before = F.when(is_delete, F.coalesce(after_raw, before_raw)).when(is_row, before_raw)
-    sequence = headers["changeSequence"]
-    sequence_ok = sequence.rlike(r"^\d{35}$")
-    refresh_position = F.concat(
-        F.lit("!"), F.lpad(F.col("partition").cast("string"), 6, "0"), F.lit(":"),
-        F.lpad(F.col("offset").cast("string"), 20, "0"),
-    )  # fmt: skip
-    position = F.when(sequence_ok, sequence).when(op == Op.UPSERT.value, refresh_position)
-    stamp = headers["timestamp"]
-    event_time = F.when(
-        stamp != "", F.concat(F.replace(stamp, F.lit(" "), F.lit("T")), F.lit("Z")).try_cast("timestamp")
-    )
+    position, event_time, header_checks = position_and_time(headers, op, is_row)
     last_event = F.coalesce(is_row & headers["transactionLastEvent"], F.lit(False))
     database = F.lit(options["database"]) if options.get("database") else F.lit(None).cast("string")
     table = F.lit(options["table"]) if options.get("table") else F.col("topic")
@@ -267,14 +257,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         (op.isNull(), F.format_string("unknown Qlik operation '%s'", vendor_op)),
         (is_row & ~is_delete & after_raw.isNull(), F.format_string("%s without data", vendor_op)),
         (is_delete & before.isNull(), "DELETE without data or beforeData"),
-        (
-            is_row & (op != Op.UPSERT.value) & ~F.coalesce(sequence_ok, F.lit(False)),
-            F.format_string("changeSequence '%s' is not 35 digits", sequence),
-        ),
-        (
-            stamp.isNotNull() & (stamp != "") & event_time.isNull(),
-            F.format_string("timestamp '%s' is not a UTC time", stamp),
-        ),
+        *header_checks,
     )
     return finish(decoded, NAME, error)
 
