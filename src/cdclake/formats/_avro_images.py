@@ -151,6 +151,26 @@ def declared_columns(fields: Column, before: Column, after: Column, fallback_typ
     )
 
 
+def image_shape_checks(
+    is_row: Column, fields: Column, names: Column, before_items: Column, after_items: Column
+) -> list[tuple[Column, Column | str]]:
+    """Checks (for ``base.first_error``) that a DTS/DRS row record has fields, each once, and images aligned with
+    them: ``beforeImages``/``afterImages`` hold one value per field, by position."""
+
+    def misaligned(items: Column) -> Column:
+        return items.isNotNull() & (F.size(items) != F.size(fields))
+
+    def count_error(items: Column, which: str) -> Column:
+        return F.format_string(f"{which} has %d values for %d fields", F.size(items), F.size(fields))
+
+    return [
+        (is_row & (F.size(fields) == 0), "row event without fields"),
+        (is_row & (F.size(F.array_distinct(names)) < F.size(names)), "fields lists a column twice"),
+        (is_row & misaligned(before_items), count_error(before_items, "beforeImages")),
+        (is_row & misaligned(after_items), count_error(after_items, "afterImages")),
+    ]
+
+
 def image(aligned: Column, present: Column) -> Column:
     """Canonical image ``MAP<STRING, STRING>`` from :func:`align` output; absent values left out; null when the
     message carries no image."""

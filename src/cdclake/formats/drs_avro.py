@@ -207,9 +207,6 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     names = F.transform(fields, lambda f: f["name"])
 
-    def misaligned(items: Column) -> Column:
-        return items.isNotNull() & (F.size(items) != F.size(fields))
-
     after_error = av.first_value_error(after, "afterImages")
     before_error = av.first_value_error(before, "beforeImages")
     error = first_error(
@@ -219,16 +216,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         (op.isNull(), F.format_string("unknown DRS operation '%s'", vendor_op)),
         (bad_name, F.format_string("tableName '%s' is not [db.][schema.]table", r["tableName"])),
         (is_row & table.isNull(), "row event without tableName"),
-        (is_row & (F.size(fields) == 0), "row event without fields"),
-        (is_row & (F.size(F.array_distinct(names)) < F.size(names)), "fields lists a column twice"),
-        (
-            is_row & misaligned(before_items),
-            F.format_string("beforeImages has %d values for %d fields", F.size(before_items), F.size(fields)),
-        ),
-        (
-            is_row & misaligned(after_items),
-            F.format_string("afterImages has %d values for %d fields", F.size(after_items), F.size(fields)),
-        ),
+        *av.image_shape_checks(is_row, fields, names, before_items, after_items),
         (is_row & after_error.isNotNull(), after_error),
         (is_row & before_error.isNotNull(), before_error),
         (position.isNull() & decoded_ok, F.format_string("negative seqno %d", r["seqno"])),

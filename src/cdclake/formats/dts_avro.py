@@ -408,9 +408,6 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     names = F.transform(fields, lambda f: f["name"])
 
-    def misaligned(items: Column) -> Column:
-        return items.isNotNull() & (F.size(items) != F.size(fields))
-
     after_error = av.first_value_error(after, "afterImages")
     before_error = av.first_value_error(before, "beforeImages")
     error = F.when(placeholder, F.lit(None).cast("string")).otherwise(
@@ -421,16 +418,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
             (too_many_parts, F.format_string("objectName '%s' has more than 3 parts", r["objectName"])),
             (is_row & r["objectName"].isNull(), "row event without objectName"),
             (is_row & table.isNull(), F.format_string("row event objectName '%s' names no table", r["objectName"])),
-            (is_row & (F.size(fields) == 0), "row event without fields"),
-            (is_row & (F.size(F.array_distinct(names)) < F.size(names)), "fields lists a column twice"),
-            (
-                is_row & misaligned(before_items),
-                F.format_string("beforeImages has %d values for %d fields", F.size(before_items), F.size(fields)),
-            ),
-            (
-                is_row & misaligned(after_items),
-                F.format_string("afterImages has %d values for %d fields", F.size(after_items), F.size(fields)),
-            ),
+            *av.image_shape_checks(is_row, fields, names, before_items, after_items),
             (
                 tags["pk_uk_info"].isNotNull() & (tags["pk_uk_info"] != "") & uniques.isNull(),
                 F.format_string("tags.pk_uk_info is not a JSON object of name lists: %s", tags["pk_uk_info"]),
