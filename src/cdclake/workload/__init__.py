@@ -1,6 +1,7 @@
 """Deterministic source-database simulator: change histories, their exact final state, and vendor renderings.
 
 * :mod:`cdclake.workload.history`: format-independent :class:`SourceHistory` (changes and the truth).
+* :mod:`cdclake.workload.renderers`: one renderer per CDC format (``renderers()``, ``render_stream(name, ...)``).
 * :mod:`cdclake.workload.dataworks`: DataWorks whole-database JSON Kafka messages for a history.
 
 Example:
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 from cdclake.workload.dataworks import (
     DataWorksOptions,
-    Message,
     render,
     render_change,
     to_b64_lines,
     to_jsonl,
 )
 from cdclake.workload.history import Change, Column, ColumnKind, HistoryConfig, SourceHistory, TableSpec
+from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, get_renderer, render_stream, renderers
 
 __all__ = [
     "Change",
@@ -29,10 +30,15 @@ __all__ = [
     "DataWorksOptions",
     "HistoryConfig",
     "Message",
+    "RenderOptions",
+    "RenderedStream",
     "SourceHistory",
     "TableSpec",
+    "get_renderer",
     "render",
     "render_change",
+    "render_stream",
+    "renderers",
     "to_b64_lines",
     "to_jsonl",
 ]

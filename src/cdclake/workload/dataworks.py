@@ -32,6 +32,7 @@ from cdclake.workload.history import (
     TableSpec,
     datetime_to_ms,
 )
+from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
 UpdateMode = Literal["split", "merged", "mixed"]
 """``split``: UPDATE_BEFOR + UPDATE_AFTER; ``merged``: one UPDATE_AFTER with both; ``mixed``: random."""
@@ -100,33 +101,6 @@ class DataWorksOptions:
     failover_resends: int = 0
     malformed: int = 0
     transactions: bool = False
-
-
-@dataclass(frozen=True)
-class Message:
-    """One Kafka record.
-
-    Attributes:
-        key: Kafka key bytes, or ``None``.
-        value: Kafka value bytes (UTF-8 JSON for well-formed messages), or ``None``.
-        description: What it is, e.g. ``"INSERT crm.customer"``, ``"UPDATE_BEFOR crm.customer"``,
-            ``"heartbeat"``, ``"TRANSACTION_BEGIN"``, ``"resend: INSERT crm.customer"``,
-            ``"malformed: truncated json"``.
-    """
-
-    key: bytes | None
-    value: bytes | None
-    description: str
-
-    @property
-    def is_resend(self) -> bool:
-        """True for a failover re-send (an exact copy of an earlier message)."""
-        return self.description.startswith("resend: ")
-
-    @property
-    def is_malformed(self) -> bool:
-        """True for a deliberately undecodable message."""
-        return self.description.startswith("malformed: ")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -553,3 +527,16 @@ def to_jsonl(messages: list[Message]) -> str:
 def to_b64_lines(messages: list[Message]) -> str:
     """Returns the standard base64 of each message value per line, skipping ``None`` values."""
     return "".join(base64.b64encode(m.value).decode("ascii") + "\n" for m in messages if m.value is not None)
+
+
+@register_renderer("dataworks-json")
+def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> RenderedStream:
+    """The registry's view of :func:`render`: both update modes mixed; DataWorks has no changed-only images."""
+    shape = DataWorksOptions(
+        update_mode="mixed",
+        heartbeat_every=options.heartbeat_every,
+        failover_resends=options.resends,
+        malformed=options.malformed,
+        transactions=options.transactions,
+    )
+    return RenderedStream(render(history, shape, seed=seed))
