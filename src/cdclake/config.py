@@ -19,6 +19,8 @@ Example::
     format: dataworks-json                         # default format of every topic
     topic_formats: {dw.legacy: dataworks-json}     # per-topic override
     keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
+    ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
+    sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
 """
 
@@ -46,6 +48,8 @@ FIXES: dict[str, str] = {
     "topic_formats": "map each topic to a name listed by `cdclake formats`",
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
+    "sequence_by": "map `db.table`, `table` or `*` to the column that orders changes, e.g. `{shop.orders: version}`",
+    "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
 }
 
 
@@ -107,6 +111,13 @@ class TriggerConfig(_Strict):
     available_now: bool = False
 
 
+class DdlConfig(_Strict):
+    """What DDL statements from the source do to lake tables (see cdclake.evolve)."""
+
+    policy: Literal["evolve", "ignore", "fail"] = "evolve"
+    tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
+
+
 class PipelineConfig(_Strict):
     """A ``cdclake run`` configuration file."""
 
@@ -120,6 +131,8 @@ class PipelineConfig(_Strict):
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
+    ddl: DdlConfig = Field(default_factory=DdlConfig)
+    sequence_by: dict[str, str] = Field(default_factory=dict)
     spark: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("keys")

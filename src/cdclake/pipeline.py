@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
+from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
 from cdclake.formats import get_format
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn
@@ -34,6 +35,15 @@ log = logging.getLogger(__name__)
 DEAD_LETTERS = "dead_letters"
 PROGRESS = "progress"
 SCHEMA_CHANGES = "schema_changes"
+SCHEMA_CHANGE_ROW = (
+    "database string, schema string, table string, op string, vendor_op string, ddl string, position string, "
+    "event_time timestamp, topic string, partition int, offset bigint, outcome string"
+)
+
+
+def _sub_txn(txn: Txn | None, step: str) -> Txn | None:
+    """The commit marker of one step of a batch that writes the same table more than once."""
+    return None if txn is None else Txn(f"{txn.app_id}/{step}", txn.version)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,11 @@ class PipelineSettings:
         keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
+        merge_threads: how many tables' MERGEs of a batch run concurrently.
+        ddl_policy: what DDL statements do to lake tables: ``evolve``, ``ignore`` or ``fail`` (see cdclake.evolve).
+        ddl_table_policies: ``db.table`` or ``table`` -> policy, overriding ``ddl_policy``.
+        sequence_by: ``db.table``, ``table`` or ``*`` -> column whose value orders the table's changes instead of
+            the format's position (see :func:`cdclake.apply.sequenced`).
     """
 
     lake: str
@@ -60,6 +75,9 @@ class PipelineSettings:
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
     merge_threads: int = 4
+    ddl_policy: Policy = "evolve"
+    ddl_table_policies: Mapping[str, Policy] = field(default_factory=dict)
+    sequence_by: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +111,7 @@ class Pipeline:
         self.settings = settings
         self.sink = DeltaSink(spark, settings.lake)
         self.merge_threads = max(1, settings.merge_threads)
+        self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies)
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
@@ -126,7 +145,8 @@ class Pipeline:
     def process_batch(self, messages: DataFrame, batch_id: int, *, txn: bool = True) -> BatchResult:
         """Decodes and applies one batch. Safe to call again with the same ``batch_id`` after a failure."""
         marker = Txn(self.settings.app_id, batch_id) if txn else None
-        events = self.decode(messages).persist(StorageLevel.MEMORY_AND_DISK)
+        events = apply.sequenced(self.decode(messages), self.settings.sequence_by)
+        events = events.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             return self._process(events, batch_id, marker)
         finally:
@@ -149,27 +169,14 @@ class Pipeline:
                 self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
         good = events.where(F.col(model.ERROR).isNull())
 
-        with result.timed("plan"):
-            plans = apply.plan_tables(good, self.settings.keys)
-            table_columns = {plan.table_id: self.sink.ensure_table(plan) for plan in plans}
-
-        misfit = self._misfit_reason(plans, table_columns)
-        if misfit is not None:
-            with result.timed("misfit"):
-                bad = good.where(misfit.isNotNull())
-                extra = bad.count()
-                if extra:
-                    marker = Txn(f"{txn.app_id}/misfit", txn.version) if txn else None
-                    self._dead_letters(bad, misfit, batch_id, marker)
-                    result.dead_letters += extra
-                good = good.where(misfit.isNull())
-
-        row_plans = [p for p in plans if p.row_events or p.truncate_order]
-        if row_plans:
-            self._apply_rows(good, row_plans, table_columns, txn, result)
-        if any(p.ddl_count or p.truncate_order for p in plans):
+        schema_events: list[SchemaEvent] = []
+        if result.ops.get(Op.DDL.value) or result.ops.get(Op.TRUNCATE.value):
+            with result.timed("ddl"):
+                schema_events = self.evolution.collect(good)
+        self._apply_around_ddl(good, [e for e in schema_events if e.changes], batch_id, txn, result)
+        if schema_events:
             with result.timed("schema_changes"):
-                self._schema_changes(good, batch_id, txn)
+                self._schema_changes(good, schema_events, batch_id, txn, result)
         with result.timed("progress"):
             self._progress(good, batch_id, txn)
         if batch_id % 100 == 0:
@@ -177,6 +184,52 @@ class Pipeline:
                 self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
         log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
+
+    def _apply_around_ddl(
+        self, good: DataFrame, steps: Sequence[SchemaEvent], batch_id: int, txn: Txn | None, result: BatchResult
+    ) -> None:
+        """Applies the batch's row events; for tables a DDL statement of the batch changes, in segments: the rows
+        ordered before the statement, the statement, the rows after it (each step with its own commit marker)."""
+        if not steps:
+            self._apply_events(good, batch_id, txn, result)
+            return
+        order = apply.effective_order(good)
+        affected = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).isin(
+            *SchemaEvolution.affected_table_ids(steps)
+        )
+        self._apply_events(good.where(~affected), batch_id, txn, result)
+        lower: str | None = None
+        for index, step in enumerate(steps):
+            segment = affected & (order <= F.lit(step.order))
+            if lower is not None:
+                segment = segment & (order > F.lit(lower))
+            self._apply_events(good.where(segment), batch_id, _sub_txn(txn, f"ddl{index}/rows"), result)
+            with result.timed("ddl"):
+                self.evolution.apply_event(step, _sub_txn(txn, f"ddl{index}/change"))
+            lower = step.order
+        self._apply_events(good.where(affected & (order > F.lit(lower))), batch_id, _sub_txn(txn, "ddl/rows"), result)
+
+    def _apply_events(self, good: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> None:
+        """Plan, create/evolve tables, dead-letter misfits, then fold, gate and merge the row changes."""
+        with result.timed("plan"):
+            # Tables with only DDL events here are created by their statements (cdclake.evolve), not empty.
+            plans = [p for p in apply.plan_tables(good, self.settings.keys) if p.row_events or p.truncate_order]
+            table_columns = {plan.table_id: self.sink.ensure_table(plan) for plan in plans}
+        with result.timed("types"):
+            self.evolution.reconcile_types(plans, table_columns, txn)
+
+        misfit = self._misfit_reason(plans, table_columns)
+        if misfit is not None:
+            with result.timed("misfit"):
+                bad = good.where(misfit.isNotNull())
+                extra = bad.count()
+                if extra:
+                    self._dead_letters(bad, misfit, batch_id, _sub_txn(txn, "misfit"))
+                    result.dead_letters += extra
+                good = good.where(misfit.isNull())
+
+        if plans:
+            self._apply_rows(good, plans, table_columns, txn, result)
 
     def _apply_rows(
         self,
@@ -282,12 +335,28 @@ class Pipeline:
         ).dropDuplicates(["topic", "partition", "offset"])
         self.sink.append(DEAD_LETTERS, rows, txn)
 
-    def _schema_changes(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
-        ddl = good.where(F.col(model.OP).isin(Op.DDL.value, Op.TRUNCATE.value))
-        rows = ddl.select(
-            F.lit(self.settings.name).alias("pipeline"),
-            F.lit(batch_id).cast("bigint").alias("batch_id"),
-            F.current_timestamp().alias("recorded_at"),
+    def _schema_changes(
+        self, good: DataFrame, events: Sequence[SchemaEvent], batch_id: int, txn: Txn | None, result: BatchResult
+    ) -> None:
+        """Records every DDL and TRUNCATE event with its outcome; statements that could not be applied also go to
+        the dead letters (with the raw message)."""
+        rejected = [e for e in events if e.dead_letter]
+        if rejected:
+            reason: Column | None = None
+            for event in rejected:
+                row = event.row
+                match = (
+                    (F.col(model.TOPIC) == row[model.TOPIC])
+                    & (F.col(model.PARTITION) == row[model.PARTITION])
+                    & (F.col(model.OFFSET) == row[model.OFFSET])
+                    & (F.col(model.SUB_INDEX) == row[model.SUB_INDEX])
+                )
+                text = F.lit(event.dead_letter)
+                reason = F.when(match, text) if reason is None else reason.when(match, text)
+            assert reason is not None
+            self._dead_letters(good.where(reason.isNotNull()), reason, batch_id, _sub_txn(txn, "ddl/dead"))
+            result.dead_letters += len(rejected)
+        columns = (
             model.DATABASE,
             model.SCHEMA,
             model.TABLE,
@@ -300,8 +369,14 @@ class Pipeline:
             model.PARTITION,
             model.OFFSET,
         )
-        if not rows.isEmpty():
-            self.sink.append(SCHEMA_CHANGES, rows, txn)
+        rows = [(*(e.row[c] for c in columns), e.outcome) for e in events]
+        frame = self.spark.createDataFrame(rows, SCHEMA_CHANGE_ROW).select(
+            F.lit(self.settings.name).alias("pipeline"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("recorded_at"),
+            "*",
+        )
+        self.sink.append(SCHEMA_CHANGES, frame, txn)
 
     def _progress(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
         """Per table: events by op, last position, last event time. Per Kafka partition: last offset and the

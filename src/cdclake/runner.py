@@ -11,6 +11,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import PipelineConfig
+from cdclake.evolve import Policy
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
 from cdclake.sources import files, kafka
@@ -133,6 +134,9 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         keys={k: list(v) for k, v in config.keys.items()},
         tombstone_retention_seconds=int(config.tombstone_retention_hours * 3600),
         name=config.name,
+        ddl_policy=config.ddl.policy,
+        ddl_table_policies=dict(config.ddl.tables),
+        sequence_by=dict(config.sequence_by),
     )
 
 
@@ -180,6 +184,9 @@ def replay(
     format_options: Mapping[str, str] | None = None,
     batch_lines: int = 1_000_000,
     on_batch: BatchCallback | None = None,
+    ddl_policy: Policy = "evolve",
+    ddl_table_policies: Mapping[str, Policy] | None = None,
+    sequence_by: Mapping[str, str] | None = None,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path."""
     checked = files.check_files(paths)
@@ -190,6 +197,9 @@ def replay(
         format_options={format_name: dict(format_options or {})},
         keys={k: list(v) for k, v in (keys or {}).items()},
         name="replay",
+        ddl_policy=ddl_policy,
+        ddl_table_policies=dict(ddl_table_policies or {}),
+        sequence_by=dict(sequence_by or {}),
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []

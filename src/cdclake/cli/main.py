@@ -60,10 +60,15 @@ def replay(
         typer.Option(help="Key columns for a table whose messages carry none: db.table=c1,c2"),
     ] = None,
     batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
+    ddl_policy: Annotated[
+        str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
+    ] = "evolve",
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
         raise InputError(f"--input-encoding must be 'lines' or 'b64', not {input_encoding!r}")
+    if ddl_policy not in ("evolve", "ignore", "fail"):
+        raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
     from cdclake.formats import get_format
     from cdclake.runner import replay as run_replay
     from cdclake.sources.files import check_files
@@ -87,6 +92,7 @@ def replay(
             encoding=input_encoding,  # type: ignore[arg-type]
             keys=key_map,
             batch_lines=batch_lines,
+            ddl_policy=ddl_policy,  # type: ignore[arg-type]
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)

@@ -58,6 +58,10 @@ def safe_name(name: str | None, default: str = "default") -> str:
     return f"{cleaned.strip('_')[:100] or 'x'}_{digest}"
 
 
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def quote(identifier: str) -> str:
     """Backtick-quotes an identifier for Spark SQL text (backticks inside are doubled)."""
     return "`" + identifier.replace("`", "``") + "`"
@@ -145,18 +149,112 @@ class DeltaSink:
         existing = {f.name.lower() for f in schema.fields}
         missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
         if missing:
-            # Identifiers are validated by the decoder and quoted here; the statement is built, never taken
-            # from a message.
-            columns = ", ".join(f"{quote(name)} {t}" for name, t in missing)
-            try:
-                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({columns})")
-            except AnalysisException as exc:  # a concurrent run added them first
-                if "already exists" not in str(exc):
-                    raise
+            self._add_columns(path, missing)
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
         meta = {name for name, _ in METADATA_COLUMNS}
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
         return self._columns[path]
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Schema changes (validated changes from cdclake.ddl / type reconciliation; never DDL text from a message)
+
+    def columns(self, database: str | None, schema: str | None, table: str) -> list[tuple[str, str]] | None:
+        """The (name, type) user columns of a lake table, or ``None`` if it does not exist."""
+        path = self.table_path(database, schema, table)
+        if path in self._columns:
+            return self._columns[path]
+        if not self._exists(path):
+            return None
+        meta = {name for name, _ in METADATA_COLUMNS}
+        fields = DeltaTable.forPath(self.spark, path).toDF().schema.fields
+        self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
+        return self._columns[path]
+
+    def column_has_values(self, database: str | None, schema: str | None, table: str, column: str) -> bool:
+        """Whether any live row has a non-NULL value in ``column``."""
+        frame = self.spark.read.format("delta").load(self.table_path(database, schema, table))
+        return not frame.where(F.col(quote(column)).isNotNull()).isEmpty()
+
+    def rewrite(
+        self,
+        database: str | None,
+        schema: str | None,
+        table: str,
+        columns: Sequence[tuple[str, Column]],
+        txn: Txn | None,
+        key_columns: Sequence[str] | None = None,
+    ) -> None:
+        """Rewrites a table with new user columns (``name``, expression over the current row), keeping cdclake's
+        columns: the one way to drop, rename or retype a column that every Delta reader understands (no column
+        mapping or type-widening table features). Costs a full rewrite; schema changes are rare."""
+        path = self.table_path(database, schema, table)
+        current = self.spark.read.format("delta").load(path)
+        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
+        writer = current.select(*selected).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        if txn is not None:
+            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
+        writer.save(path)
+        self._columns.pop(path, None)
+        if key_columns is not None:
+            types = {name.lower(): t for name, t in self.columns(database, schema, table) or []}
+            keys = [k for k in key_columns if k.lower() in types]
+            stats = [quote(k) for k in keys if types[k.lower()] not in ("binary", "boolean")] + [POSITION_COLUMN]
+            self.spark.sql(
+                f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ("
+                f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}, "
+                f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(stats))})"
+            )
+
+    def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
+        """The key columns recorded when cdclake created the table."""
+        path = self.table_path(database, schema, table)
+        detail = DeltaTable.forPath(self.spark, path).detail().collect()[0]
+        recorded = (detail["properties"] or {}).get("cdclake.keyColumns", "")
+        return [k for k in recorded.split(",") if k]
+
+    def copy_rows(
+        self,
+        source: tuple[str | None, str | None, str],
+        target: tuple[str | None, str | None, str],
+        txn: Txn | None,
+    ) -> None:
+        """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
+        rows = self.spark.read.format("delta").load(self.table_path(*source))
+        target_path = self.table_path(*target)
+        writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        if txn is not None:
+            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
+        writer.save(target_path)
+        self._columns.pop(target_path, None)
+
+    def clear(self, plan: TablePlan, txn: Txn | None) -> None:
+        """Deletes every row written before ``plan.truncate_order`` and remembers it (a dropped or truncated table):
+        events older than that order never bring rows back."""
+        if self._exists(self.table_path(plan.database, plan.schema, plan.table)):
+            self.truncate(plan, txn)
+        empty = self.spark.createDataFrame(
+            [],
+            f"{apply.TABLE_ID} string, {apply.ROW_KEY} string, {apply.KIND} string, {apply.ORDER} string, "
+            f"{model.EVENT_TIME} timestamp",
+        )
+        self.record_tombstones(empty, [plan], None if txn is None else Txn(f"{txn.app_id}/cleared", txn.version))
+
+    def _add_columns(self, path: str, columns: Sequence[tuple[str, str]]) -> None:
+        # Identifiers are validated (decoder or cdclake.ddl) and quoted here; the statement is built, never taken
+        # from a message.
+        listed = ", ".join(f"{quote(name)} {t}" for name, t in columns)
+        try:
+            self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
+        except AnalysisException as exc:  # a concurrent run added them first
+            if "already exists" not in str(exc):
+                raise
+        self._columns.pop(path, None)
+
+    def add_columns(
+        self, database: str | None, schema: str | None, table: str, columns: Sequence[tuple[str, str]]
+    ) -> None:
+        """Adds columns (name, Spark type) to an existing table."""
+        self._add_columns(self.table_path(database, schema, table), columns)
 
     @staticmethod
     def _stats_columns(plan: TablePlan) -> list[str]:

@@ -1,0 +1,322 @@
+"""Schema evolution of lake tables: DDL events applied as validated changes, and column types reconciled with data.
+
+Two sources of schema change:
+
+* **DDL events** (op ``DDL`` with statement text). :func:`cdclake.ddl.parse_ddl` turns the text into validated
+  changes; this module applies them to the lake table at the statement's position in the stream (the pipeline
+  applies the batch's row changes ordered before the statement first, then the statement, then the rest).
+  The policy, per pipeline and per table, decides what happens: ``evolve`` (default) applies the changes,
+  ``ignore`` records the statement only, ``fail`` stops the pipeline with :class:`SchemaChangeError`.
+  A statement that looks like a table change but cannot be understood, or a change that would lose stored values
+  (a non-widening type change of a column that has values, dropping a key column, renaming onto an existing
+  column), goes to the dead letters with the reason; the table is left as it was.
+* **Declared column types** (:meth:`SchemaEvolution.reconcile_types`): when messages declare a column with a
+  type other than the table's, the column is widened if no stored value changes (int -> bigint, float -> double,
+  decimal precision up, see :func:`cdclake.ddl.widened`), or retyped if it holds no value yet (for example a
+  column a DDL statement created with its best-guess type). This happens under every policy, because refusing it
+  would drop the values; otherwise the values that do not fit go to the dead letters (the pipeline's misfit
+  check).
+
+Every DDL and TRUNCATE event is recorded in ``_cdclake/schema_changes`` with its outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from cdclake import apply, model
+from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid_name, parse_ddl, widened
+from cdclake.exceptions import TerminalError
+from cdclake.model import Op
+from cdclake.sinks.delta import DeltaSink, Txn, quote
+
+log = logging.getLogger(__name__)
+
+Policy = Literal["evolve", "ignore", "fail"]
+POLICIES: tuple[Policy, ...] = ("evolve", "ignore", "fail")
+
+
+class SchemaChangeError(TerminalError):
+    """A DDL statement reached a table whose policy is ``fail``."""
+
+
+@dataclass
+class SchemaEvent:
+    """A DDL or TRUNCATE event of a batch (few per batch: collected to the driver)."""
+
+    row: dict[str, Any]
+    order: str
+    parsed: ParsedDdl | None = None
+    outcome: str = ""
+    dead_letter: str | None = None
+    """Reason, when the statement must go to the dead letters."""
+
+    @property
+    def changes(self) -> tuple[SchemaChange, ...]:
+        return self.parsed.changes if self.parsed is not None and self.dead_letter is None else ()
+
+
+def _ident(name: TableName) -> tuple[str | None, str | None, str]:
+    return name.database, name.schema, name.table
+
+
+def _table_id(name: TableName) -> str:
+    return "\x1f".join(part or "" for part in _ident(name))
+
+
+class SchemaEvolution:
+    """Applies the schema changes of a batch through a :class:`DeltaSink`."""
+
+    def __init__(self, sink: DeltaSink, policy: Policy = "evolve", table_policies: Mapping[str, Policy] | None = None):
+        self.sink = sink
+        self.policy = policy
+        self.table_policies = dict(table_policies or {})
+
+    def policy_for(self, table: TableName) -> Policy:
+        """``db.table`` (or ``schema.table``) first, then ``table``, then the pipeline's policy."""
+        for name in (f"{table.database}.{table.table}", f"{table.schema}.{table.table}", table.table):
+            if name in self.table_policies:
+                return self.table_policies[name]
+        return self.policy
+
+    # -------------------------------------------------------------------------------------------------------------
+    # DDL events
+
+    def collect(self, good: DataFrame) -> list[SchemaEvent]:
+        """The batch's DDL and TRUNCATE events, parsed and classified (policy ``fail`` raises here)."""
+        op = F.col(model.OP)
+        rows = (
+            good.where(op.isin(Op.DDL.value, Op.TRUNCATE.value))
+            .select(
+                model.DATABASE,
+                model.SCHEMA,
+                model.TABLE,
+                model.OP,
+                model.VENDOR_OP,
+                model.DDL,
+                model.DB_TYPE,
+                model.POSITION,
+                model.EVENT_TIME,
+                model.TOPIC,
+                model.PARTITION,
+                model.OFFSET,
+                model.SUB_INDEX,
+                apply.effective_order(good).alias("order"),
+            )
+            .collect()
+        )
+        events = sorted((SchemaEvent(row.asDict(), row["order"]) for row in rows), key=lambda e: e.order)
+        for event in events:
+            self._classify(event)
+        return events
+
+    def _classify(self, event: SchemaEvent) -> None:
+        row = event.row
+        if row[model.OP] == Op.TRUNCATE or not row[model.DDL]:
+            event.outcome = "applied: truncate" if row[model.OP] == Op.TRUNCATE else "recorded"
+            return
+        event.parsed = parse_ddl(
+            row[model.DDL], db_type=row[model.DB_TYPE], database=row[model.DATABASE], schema=row[model.SCHEMA]
+        )
+        parsed = event.parsed
+        statement_table = TableName(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE] or "")
+        if parsed.error is not None:
+            self._check_fail(statement_table, row[model.DDL], parsed.error)
+            event.dead_letter = f"DDL not applied: {parsed.error}"
+            event.outcome = f"dead letter: {parsed.error}"
+            return
+        if not parsed.changes:
+            event.outcome = f"ignored: {parsed.ignored}"
+            return
+        for change in parsed.changes:
+            names = [(change.table.table, False), *((n, True) for n in (change.column, change.new_name) if n)]
+            if change.new_table is not None:
+                names.append((change.new_table.table, False))
+            names += [(n, True) for n, _ in change.columns]
+            problems = [p for p in (invalid_name(n, column=c) for n, c in names) if p]
+            if problems:
+                event.dead_letter = f"DDL not applied: {problems[0]}"
+                event.outcome = f"dead letter: {problems[0]}"
+                return
+        policies = {self.policy_for(change.table) for change in parsed.changes}
+        if "fail" in policies:
+            self._check_fail(parsed.changes[0].table, row[model.DDL], None)
+        if policies == {"ignore"}:
+            event.outcome = "not applied: policy ignore"
+            event.parsed = ParsedDdl(ignored="policy ignore")
+
+    def _check_fail(self, table: TableName, ddl: str, problem: str | None) -> None:
+        if self.policy_for(table) != "fail":
+            return
+        name = ".".join(p for p in (table.database or table.schema, table.table) if p)
+        detail = f" ({problem})" if problem else ""
+        raise SchemaChangeError(
+            f"schema change of {name} stopped the pipeline (ddl policy 'fail'): {ddl!r}{detail}. "
+            f"Fix: apply the change to the lake table yourself, or set `ddl: {{tables: {{{name}: evolve}}}}` "
+            "(or `ignore`) in the configuration, then restart; the batch is processed again."
+        )
+
+    @staticmethod
+    def affected_table_ids(events: Sequence[SchemaEvent]) -> set[str]:
+        """Tables whose rows must be applied in segments around the batch's DDL statements."""
+        affected: set[str] = set()
+        for event in events:
+            for change in event.changes:
+                affected.add(_table_id(change.table))
+                if change.new_table is not None:
+                    affected.add(_table_id(change.new_table))
+        return affected
+
+    def apply_event(self, event: SchemaEvent, txn: Txn | None) -> None:
+        """Applies the event's changes in statement order; sets its outcome (or dead-letter reason)."""
+        outcomes = []
+        for index, change in enumerate(event.changes):
+            marker = None if txn is None else Txn(f"{txn.app_id}/{index}", txn.version)
+            try:
+                outcomes.append(self._apply_change(change, event.order, marker))
+            except _IncompatibleChangeError as exc:
+                event.dead_letter = f"DDL not applied: {exc}"
+                outcomes.append(f"dead letter: {exc}")
+                break
+        event.outcome = "; ".join(outcomes)
+        log.info("DDL %r at %s: %s", event.row[model.DDL], event.order, event.outcome)
+
+    def _apply_change(self, change: SchemaChange, order: str, txn: Txn | None) -> str:
+        sink = self.sink
+        ident = _ident(change.table)
+        columns = sink.columns(*ident)
+        kind = change.kind
+        if kind in ("truncate", "drop_table"):
+            sink.clear(self._plan(change.table, order), txn)
+            return "applied: rows deleted" + (" (table dropped at the source)" if kind == "drop_table" else "")
+        if kind == "create_table":
+            if columns is not None:
+                return "nothing to do: table exists"
+            typed = [(n, t) for n, t in change.columns if t is not None]
+            plan = self._plan(change.table, None)
+            plan.columns = typed
+            sink.ensure_table(plan)
+            untyped = [n for n, t in change.columns if t is None]
+            return "applied: table created" + (f"; columns {untyped} come with data" if untyped else "")
+        if columns is None:
+            return "nothing to do: table not in the lake"
+        if kind == "rename_table":
+            assert change.new_table is not None
+            target = _ident(change.new_table)
+            if sink.columns(*target) is None:
+                plan = self._plan(change.new_table, None)
+                plan.columns = list(columns)
+                plan.key_columns = sink.key_columns(*ident)
+                sink.ensure_table(plan)
+            sink.copy_rows(ident, target, txn)
+            sink.clear(self._plan(change.table, order), None if txn is None else Txn(f"{txn.app_id}/old", txn.version))
+            return f"applied: rows moved to {'.'.join(p for p in target if p)}"
+        by_lower = {name.lower(): (name, t) for name, t in columns}
+        if kind == "add_column":
+            assert change.column is not None
+            if change.column.lower() in by_lower:
+                return "nothing to do: column exists"
+            if change.spark_type is None:
+                return "deferred: no exact Spark type for the SQL type; the column comes with data"
+            sink.add_columns(*ident, [(change.column, change.spark_type)])
+            return f"applied: column {change.column} {change.spark_type} added"
+        assert change.column is not None
+        existing = by_lower.get(change.column.lower())
+        if existing is None:
+            if change.new_name and change.new_name.lower() in by_lower:
+                return "nothing to do: already renamed"
+            return f"nothing to do: no column {change.column}"
+        name, current_type = existing
+        keys = sink.key_columns(*ident)
+        if kind == "drop_column":
+            if name.lower() in (k.lower() for k in keys):
+                raise _IncompatibleChangeError(
+                    f"column {name} is a key column of the lake table; dropping it would merge rows"
+                )
+            kept = [(n, F.col(quote(n))) for n, _ in columns if n != name]
+            sink.rewrite(*ident, kept, txn, key_columns=keys)
+            return f"applied: column {name} dropped"
+        new_name = change.new_name or name
+        if new_name != name and new_name.lower() in by_lower:
+            raise _IncompatibleChangeError(
+                f"cannot rename {name} to {new_name}: the lake table has a column {new_name}"
+            )
+        new_type = current_type
+        if kind == "modify_column" and change.spark_type is not None and change.spark_type != current_type:
+            fits = widened(current_type, change.spark_type)
+            if not fits and sink.column_has_values(*ident, name):
+                raise _IncompatibleChangeError(
+                    f"column {name}: {current_type} -> {change.spark_type} would not keep stored values "
+                    "(later values that do not fit the column go to the dead letters)"
+                )
+            new_type = change.spark_type
+        if new_name == name and new_type == current_type:
+            return "nothing to do: column unchanged" + (
+                " (type has no exact Spark type)" if not change.spark_type else ""
+            )
+        rewritten = [
+            (new_name, F.col(quote(n)).cast(new_type)) if n == name else (n, F.col(quote(n))) for n, _ in columns
+        ]
+        new_keys = [new_name if k.lower() == name.lower() else k for k in keys]
+        sink.rewrite(*ident, rewritten, txn, key_columns=new_keys)
+        done = []
+        if new_name != name:
+            done.append(f"column {name} renamed to {new_name}")
+        if new_type != current_type:
+            done.append(f"column {new_name} {current_type} -> {new_type}")
+        return "applied: " + ", ".join(done)
+
+    @staticmethod
+    def _plan(table: TableName, order: str | None) -> apply.TablePlan:
+        return apply.TablePlan(
+            table_id=_table_id(table),
+            database=table.database,
+            schema=table.schema,
+            table=table.table,
+            columns=[],
+            key_columns=[],
+            truncate_order=order,
+        )
+
+    # -------------------------------------------------------------------------------------------------------------
+    # Declared types
+
+    def reconcile_types(
+        self,
+        plans: Sequence[apply.TablePlan],
+        table_columns: dict[str, list[tuple[str, str]]],
+        txn: Txn | None,
+    ) -> None:
+        """Widens (or, when it holds no value yet, retypes) table columns that the batch declares with another
+        type; updates ``table_columns``. Values that still do not fit are the misfit check's dead letters."""
+        for plan in plans:
+            stored = table_columns[plan.table_id]
+            newest = {name.lower(): t for name, t in plan.columns}
+            changes: dict[str, str] = {}
+            for name, current in stored:
+                declared = plan.declared_types.get(name.lower(), set()) - {current}
+                if not declared:
+                    continue
+                target = common_type(current, declared)
+                if target is not None and target != current and widened(current, target):
+                    changes[name] = target
+                elif not self.sink.column_has_values(plan.database, plan.schema, plan.table, name):
+                    changes[name] = newest.get(name.lower(), sorted(declared)[0])
+            if not changes:
+                continue
+            log.info("table %s: column types %s", plan.table, changes)
+            rewritten = [(n, F.col(quote(n)).cast(changes[n]) if n in changes else F.col(quote(n))) for n, _ in stored]
+            marker = None if txn is None else Txn(f"{txn.app_id}/types", txn.version)
+            keys = self.sink.key_columns(plan.database, plan.schema, plan.table)
+            self.sink.rewrite(plan.database, plan.schema, plan.table, rewritten, marker, key_columns=keys)
+            table_columns[plan.table_id] = self.sink.columns(plan.database, plan.schema, plan.table) or stored
+
+
+class _IncompatibleChangeError(Exception):
+    """A change that would lose stored values or rows."""

@@ -1,0 +1,233 @@
+"""Schema evolution: DDL text -> validated changes (pure Python), and DDL / type changes applied to Delta tables.
+
+The end-to-end scenario uses Canal JSON messages (MySQL types, DDL statements in ``sql``) and checks the final
+tables, the recorded outcomes and the dead letters, whether the stream arrives as one batch or one message per
+batch (the statements must apply at their position in the stream either way).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdclake.ddl import common_type, parse_ddl, spark_type_of, widened
+from cdclake.devtools.verify import read_table
+from cdclake.evolve import SchemaChangeError
+from cdclake.runner import replay
+
+# ------------------------------------------------------------------------------------------------------------------
+# Parsing (no Spark)
+
+
+def kinds(text: str, db_type: str | None = "MySQL") -> list[tuple[str, str | None, str | None, str | None]]:
+    parsed = parse_ddl(text, db_type=db_type, database="crm", schema="SALES" if db_type == "Oracle" else None)
+    assert parsed.error is None, parsed.error
+    return [(c.kind, c.column, c.new_name, c.spark_type) for c in parsed.changes]
+
+
+def test_column_changes_in_each_dialect() -> None:
+    assert kinds("ALTER TABLE customer ADD COLUMN tier varchar(8) NULL") == [("add_column", "tier", None, "string")]
+    assert kinds("ALTER TABLE crm.customer DROP COLUMN tier") == [("drop_column", "tier", None, None)]
+    assert kinds("ALTER TABLE customer RENAME COLUMN a TO b") == [("rename_column", "a", "b", None)]
+    assert kinds("ALTER TABLE customer CHANGE COLUMN a b bigint") == [("modify_column", "a", "b", "bigint")]
+    assert kinds("ALTER TABLE customer MODIFY COLUMN a decimal(12,2) NOT NULL") == [
+        ("modify_column", "a", None, "decimal(12,2)")
+    ]
+    assert kinds("ALTER TABLE t ADD COLUMN a int, DROP COLUMN b") == [
+        ("add_column", "a", None, "int"),
+        ("drop_column", "b", None, None),
+    ]
+    # Oracle folds unquoted names to upper case; ADD (...) and MODIFY (...) lists
+    assert kinds("ALTER TABLE t ADD (c NUMBER(10,2), d VARCHAR2(10))", "Oracle") == [
+        ("add_column", "C", None, "decimal(10,2)"),
+        ("add_column", "D", None, "string"),
+    ]
+    assert kinds('ALTER TABLE "SALES"."T" MODIFY ("Mixed" NUMBER(12,2))', "Oracle") == [
+        ("modify_column", "Mixed", None, "decimal(12,2)")
+    ]
+    assert kinds("ALTER TABLE t ALTER COLUMN c TYPE bigint", "PostgreSQL") == [("modify_column", "c", None, "bigint")]
+
+
+def test_table_changes_and_statements_that_change_no_table() -> None:
+    rename = parse_ddl("RENAME TABLE a TO b, c TO shop.d", db_type="MySQL", database="crm", schema=None)
+    assert [(c.table.table, c.new_table and (c.new_table.database, c.new_table.table)) for c in rename.changes] == [
+        ("a", ("crm", "b")),
+        ("c", ("shop", "d")),
+    ]
+    created = parse_ddl(
+        "CREATE TABLE t2 (id bigint primary key, v tinyint(1), n NUMBER)", db_type=None, database="x", schema=None
+    )
+    assert created.changes[0].columns == (("id", "bigint"), ("v", "boolean"), ("n", None))
+    assert [c.kind for c in parse_ddl("DROP TABLE t2", db_type="MySQL", database="x", schema=None).changes] == [
+        "drop_table"
+    ]
+    assert parse_ddl("CREATE INDEX i ON t(a)", db_type="MySQL", database="x", schema=None).ignored
+    assert parse_ddl("ALTER TABLE t ADD INDEX idx (a)", db_type="MySQL", database="x", schema=None).ignored
+    assert parse_ddl("GRANT ALL ON x TO y", db_type="MySQL", database="x", schema=None).ignored
+    assert parse_ddl("ALTER TABLE t FROBNICATE", db_type="MySQL", database="x", schema=None).error
+
+
+def test_types_map_only_when_lossless_and_widening_never_loses_values() -> None:
+    assert spark_type_of(None) is None
+    assert widened("int", "bigint")
+    assert widened("float", "double")
+    assert widened("bigint", "decimal(20,0)")
+    assert widened("decimal(10,2)", "decimal(12,2)")
+    assert widened("decimal(10,2)", "decimal(12,4)")
+    assert not widened("bigint", "int")
+    assert not widened("decimal(10,2)", "decimal(10,3)")
+    assert not widened("int", "string")
+    assert not widened("double", "float")
+    assert not widened("int", "int")
+    assert common_type("int", {"bigint"}) == "bigint"
+    assert common_type("bigint", {"string"}) is None
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Applied to Delta
+
+COLUMNS = {"id": "bigint(20)", "name": "varchar(64)", "score": "double", "qty": "int(11)"}
+
+
+def row_message(op: str, table: str, rows: list[dict[str, Any]], types: dict[str, str], old: Any = None) -> str:
+    return json.dumps(
+        {
+            "data": rows,
+            "database": "crm",
+            "es": 1709288131000,
+            "id": 1,
+            "isDdl": False,
+            "mysqlType": types,
+            "old": old,
+            "pkNames": ["id"],
+            "sql": "",
+            "table": table,
+            "ts": 1709288131377,
+            "type": op,
+        }
+    )
+
+
+def ddl_message(table: str, sql: str, kind: str = "ALTER") -> str:
+    return json.dumps(
+        {
+            "data": None,
+            "database": "crm",
+            "es": 1709288131000,
+            "id": 1,
+            "isDdl": True,
+            "mysqlType": None,
+            "old": None,
+            "pkNames": None,
+            "sql": sql,
+            "table": table,
+            "ts": 1709288131377,
+            "type": kind,
+        }
+    )
+
+
+def scenario() -> list[str]:
+    after_add = {**COLUMNS, "tier": "varchar(8)"}
+    renamed = {
+        "id": "bigint(20)",
+        "full_name": "varchar(64)",
+        "score": "double",
+        "qty": "int(11)",
+        "tier": "varchar(8)",
+    }
+    dropped = {k: v for k, v in renamed.items() if k != "score"}
+    widened_qty = {**dropped, "qty": "bigint(20)"}
+    return [
+        row_message("INSERT", "customer", [{"id": "1", "name": "a", "score": "1.5", "qty": "7"}], COLUMNS),
+        ddl_message("customer", "ALTER TABLE customer ADD COLUMN tier varchar(8) NULL"),
+        row_message(
+            "INSERT", "customer", [{"id": "2", "name": "b", "score": "2.5", "qty": "8", "tier": "gold"}], after_add
+        ),
+        ddl_message("customer", "ALTER TABLE customer RENAME COLUMN name TO full_name"),
+        row_message(
+            "UPDATE",
+            "customer",
+            [{"id": "1", "full_name": "aa", "score": "1.5", "qty": "7", "tier": None}],
+            renamed,
+            old=[{"full_name": "a"}],
+        ),
+        ddl_message("customer", "ALTER TABLE customer DROP COLUMN score"),
+        row_message("INSERT", "customer", [{"id": "3", "full_name": "c", "qty": "9", "tier": "silver"}], dropped),
+        # the source widened qty (int -> bigint): a value beyond int must land exactly
+        row_message(
+            "INSERT", "customer", [{"id": "4", "full_name": "d", "qty": "9000000000", "tier": None}], widened_qty
+        ),
+        ddl_message("customer", "ALTER TABLE customer MODIFY COLUMN tier bigint"),  # would lose 'gold': rejected
+        ddl_message("customer", "CREATE INDEX by_tier ON customer (tier)", "CINDEX"),  # changes no column
+        ddl_message("customer", "ALTER TABLE customer FROBNICATE"),  # not understood: dead letter
+        ddl_message("customer", "RENAME TABLE customer TO client", "RENAME"),
+        row_message("INSERT", "client", [{"id": "5", "full_name": "e", "qty": "1", "tier": "gold"}], widened_qty),
+        ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1))", "CREATE"),
+        ddl_message("scratch", "DROP TABLE scratch", "ERASE"),
+    ]
+
+
+EXPECTED_CLIENT = [
+    {"id": 1, "full_name": "aa", "qty": 7, "tier": None},
+    {"id": 2, "full_name": "b", "qty": 8, "tier": "gold"},
+    {"id": 3, "full_name": "c", "qty": 9, "tier": "silver"},
+    {"id": 4, "full_name": "d", "qty": 9000000000, "tier": None},
+    {"id": 5, "full_name": "e", "qty": 1, "tier": "gold"},
+]
+
+
+def run_scenario(spark, tmp_path: Path, batch_lines: int, **settings: Any) -> str:  # type: ignore[no-untyped-def]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in scenario()), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], batch_lines=batch_lines, **settings)
+    return lake
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("batch_lines", [100, 4], ids=["one-batch", "four-per-batch"])
+def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_lines: int) -> None:
+    lake = run_scenario(spark, tmp_path, batch_lines)
+
+    client = sorted(read_table(f"{lake}/crm/client"), key=lambda r: r["id"])
+    assert client == EXPECTED_CLIENT
+    assert read_table(f"{lake}/crm/customer") == []  # renamed away: rows moved
+    schema = dict(spark.read.format("delta").load(f"{lake}/crm/client").dtypes)
+    assert schema["qty"] == "bigint"
+    assert "score" not in schema
+    assert "name" not in schema
+    scratch = spark.read.format("delta").load(f"{lake}/crm/scratch")
+    assert scratch.count() == 0
+    assert dict(scratch.dtypes)["flag"] == "boolean"
+
+    outcomes = {
+        r["ddl"]: r["outcome"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").collect()
+    }
+    assert outcomes["ALTER TABLE customer DROP COLUMN score"] == "applied: column score dropped"
+    assert (
+        outcomes["ALTER TABLE customer RENAME COLUMN name TO full_name"] == "applied: column name renamed to full_name"
+    )
+    assert outcomes["ALTER TABLE customer MODIFY COLUMN tier bigint"].startswith("dead letter: column tier: string")
+    assert outcomes["CREATE INDEX by_tier ON customer (tier)"].startswith("ignored:")
+    assert outcomes["RENAME TABLE customer TO client"] == "applied: rows moved to crm.client"
+    reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
+    assert len(reasons) == 2
+    assert reasons[0].startswith("DDL not applied: DDL syntax not understood")
+    assert reasons[1].startswith("DDL not applied: column tier: string -> bigint would not keep stored values")
+
+
+@pytest.mark.spark
+def test_ddl_policies_ignore_and_fail(spark, tmp_path: Path) -> None:
+    lake = run_scenario(spark, tmp_path / "ignore", 100, ddl_policy="ignore")
+    customer = sorted(read_table(f"{lake}/crm/customer"), key=lambda r: r["id"])
+    # statements are recorded, not applied; columns the data brings are still added, so no value is lost
+    assert [r["id"] for r in customer] == [1, 2, 3, 4]
+    assert customer[0]["name"] == "a"
+    assert customer[0]["full_name"] == "aa"
+    assert customer[0]["score"] == 1.5
+    with pytest.raises(SchemaChangeError, match=r"crm.customer .*policy 'fail'.*Fix:"):
+        run_scenario(spark, tmp_path / "fail", 100, ddl_table_policies={"crm.customer": "fail"})
