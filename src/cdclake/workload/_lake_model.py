@@ -116,20 +116,31 @@ def check_against_truth(history: SourceHistory, truth: dict[tuple[str, str], lis
             raise AssertionError(f"lake model disagrees with SourceHistory.truth() for {ident}")
 
 
+def _source_name(table: TableSpec) -> tuple[str, str]:
+    return table.ident
+
+
 def expected_tables(
     history: SourceHistory,
     identity: Identity,
     *,
     applies_truncate: bool,
     to_lake: Callable[[TableSpec, Any, dict[str, Any]], dict[str, Any]],
+    lake_table: Callable[[TableSpec], tuple[str, str]] | None = None,
 ) -> Callable[[dict[tuple[str, str], list[dict[str, Any]]]], dict[tuple[str, str], list[dict[str, Any]]]]:
     """The ``expected`` mapping of a rendered stream: the truth checked against the model, then the rows the model
-    says the lake keeps, each converted by ``to_lake(final table, identity, row)``."""
+    says the lake keeps, each converted by ``to_lake(final table, identity, row)``, under the lake's
+    ``(database, table)`` name (``lake_table``, by default the source's)."""
 
     def expected(truth: dict[tuple[str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
         check_against_truth(history, truth)
         kept = simulate(history, identity, applies_truncate=applies_truncate)
         tables = {t.ident: t for t in history.tables}
-        return {ident: [to_lake(tables[ident], key, row) for key, row in kept.get(ident, [])] for ident in truth}
+        return {
+            (lake_table or _source_name)(tables[ident]): [
+                to_lake(tables[ident], key, row) for key, row in kept.get(ident, [])
+            ]
+            for ident in truth
+        }
 
     return expected
