@@ -13,7 +13,9 @@ How documents land in tables (the spec leaves this to us):
 * ``value``/``where`` are Mongo-shell text, not JSON (5): shell constructors are rewritten to JSON first, with
   Spark regular expressions: ``ObjectId("h")`` -> ``"h"`` (so ``_id`` is the hex string), ``ISODate("t")`` ->
   ``"t"``, ``UUID("u")`` -> ``"u"``, ``NumberLong(n)`` / ``NumberInt(n)`` / ``NumberDecimal("d")`` -> the number,
-  ``BinData(t, "b")`` -> ``{"$binary": "b", "$type": "t"}``, ``Timestamp(t, i)`` -> ``{"$timestamp": {"t", "i"}}``.
+  ``BinData(t, "b")`` -> ``{"$binary": "b", "$type": "t"}``, ``Timestamp(t, i)`` -> ``{"$timestamp": {"t", "i"}}``,
+  ``Date(ms)`` -> the epoch milliseconds; each may be preceded by ``new`` (the MongoDB Java driver's shell mode
+  writes ``new BinData(...)`` and, beyond year 9999, ``new Date(ms)``).
   (A string value that itself contains such constructor text is rewritten too.)
 * insert -> INSERT of the full document; UPDATE + ``replace`` -> UPDATE with the full replacement document
   (fields it lacks become NULL); UPDATE + ``update`` -> UPDATE with a partial image: ``$set`` fields get their
@@ -55,16 +57,20 @@ RECORD_TYPES: Final = ("insert", "update", "replace", "doc")
 KEY: Final = "_id"
 VENDOR_TYPE: Final = "mongo"
 
-# drs.md 5 "Parsing": Mongo-shell constructors -> JSON (Java regex, Java replacement syntax).
+# drs.md 5 "Parsing": Mongo-shell constructors -> JSON (Java regex, Java replacement syntax). The MongoDB Java
+# driver's shell mode (JsonMode.SHELL, the `{"_id": ObjectId(...), ...}` layout of the drs.md samples) writes some
+# constructors with `new`: `new BinData(0, "...")` and, for dates outside years 0-9999, `new Date(<epoch ms>)`.
+_NEW: Final = r"(?:\bnew\s+)?"
 SHELL_REWRITES: Final = (
-    (r'ObjectId\(\s*"([0-9A-Fa-f]*)"\s*\)', '"$1"'),
-    (r'ISODate\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (r'UUID\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (r'NumberLong\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (r'NumberInt\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (r'NumberDecimal\(\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*\)', "$1"),
-    (r'BinData\(\s*(\d+)\s*,\s*"([^"]*)"\s*\)', '{"\\$binary":"$2","\\$type":"$1"}'),
-    (r"Timestamp\(\s*(\d+)\s*,\s*(\d+)\s*\)", '{"\\$timestamp":{"t":$1,"i":$2}}'),
+    (_NEW + r'ObjectId\(\s*"([0-9A-Fa-f]*)"\s*\)', '"$1"'),
+    (_NEW + r'ISODate\(\s*"([^"]*)"\s*\)', '"$1"'),
+    (_NEW + r"\bDate\(\s*(-?\d+)\s*\)", "$1"),
+    (_NEW + r'UUID\(\s*"([^"]*)"\s*\)', '"$1"'),
+    (_NEW + r'NumberLong\(\s*"?(-?\d+)"?\s*\)', "$1"),
+    (_NEW + r'NumberInt\(\s*"?(-?\d+)"?\s*\)', "$1"),
+    (_NEW + r'NumberDecimal\(\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*\)', "$1"),
+    (_NEW + r'BinData\(\s*(\d+)\s*,\s*"([^"]*)"\s*\)', '{"\\$binary":"$2","\\$type":"$1"}'),
+    (_NEW + r"Timestamp\(\s*(\d+)\s*,\s*(\d+)\s*\)", '{"\\$timestamp":{"t":$1,"i":$2}}'),
 )
 DOCUMENT: Final = "MAP<STRING, VARIANT>"
 
