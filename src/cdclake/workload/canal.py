@@ -43,7 +43,6 @@ from cdclake.workload._canal_family import (
     MYSQL_TIMESTAMP,
     SOURCE_UTC_OFFSET,
     SOURCE_ZONE,
-    Corrupt,
     Stream,
     compact_json,
     first_row_only,
@@ -87,9 +86,7 @@ def mysql_text(column: Column, value: Any, timestamp_type: bool) -> str | None:
     """A value as Canal and DTS print it (canal.md section 3)."""
     if value is None:
         return None
-    if column.kind == "long":
-        return str(value)
-    if column.kind == "string":
+    if column.kind in ("long", "string"):
         return str(value)
     if column.kind == "bytes":
         return latin1_text(value)
@@ -124,9 +121,11 @@ class _MysqlRows:
         types = [(c.name, mysql_type(table, c, self.timestamp_columns)) for c in table.columns]
         return {n: t.full if full else t.bare for n, t in types}, {n: t.jdbc for n, t in types}
 
-    def long_columns(self, message: dict[str, Any]) -> list[str]:
-        declared = message.get("mysqlType") or {}
-        return [name for name, declared_type in declared.items() if str(declared_type).startswith("bigint")]
+
+def bigint_columns(message: dict[str, Any]) -> list[str]:
+    """Columns a Canal / DTS row message declares as BIGINT."""
+    declared = message.get("mysqlType") or {}
+    return [name for name, declared_type in declared.items() if str(declared_type).startswith("bigint")]
 
 
 def _statements(group: list[Change]) -> list[list[Change]]:
@@ -155,24 +154,22 @@ def _describe(vendor_type: str, table: TableSpec, rows: int) -> str:
 # canal-json
 
 
-def canal_corrupt(rows: _MysqlRows) -> Corrupt:
-    def corrupt(kind: str, message: dict[str, Any]) -> dict[str, Any] | None:
-        if kind == "old pairs with no data row":
-            # canal.md section 1: old[i] pairs with data[i]; an extra old row cannot be paired.
-            if message.get("type") != "UPDATE":
-                return None
-            spoiled = first_row_only(message)
-            spoiled["old"] = [spoiled["old"][0], spoiled["old"][0]]
-            return spoiled
-        if kind == "unknown type FROBNICATE":
-            spoiled = first_row_only(message)
-            spoiled["type"] = "FROBNICATE"
-            return spoiled
-        if kind == "bigint value 'abc'":
-            return spoil_long_value(message, rows.long_columns(message))
-        raise ValueError(f"unknown malformed kind {kind!r}")
-
-    return corrupt
+def canal_corrupt(kind: str, message: dict[str, Any]) -> dict[str, Any] | None:
+    """A spoiled copy of a Canal row message showing ``kind`` (None: this message cannot show it)."""
+    if kind == "old pairs with no data row":
+        # canal.md section 1: old[i] pairs with data[i]; an extra old row cannot be paired.
+        if message.get("type") != "UPDATE":
+            return None
+        spoiled = first_row_only(message)
+        spoiled["old"] = [spoiled["old"][0], spoiled["old"][0]]
+        return spoiled
+    if kind == "unknown type FROBNICATE":
+        spoiled = first_row_only(message)
+        spoiled["type"] = "FROBNICATE"
+        return spoiled
+    if kind == "bigint value 'abc'":
+        return spoil_long_value(message, bigint_columns(message))
+    raise ValueError(f"unknown malformed kind {kind!r}")
 
 
 @register_renderer("canal-json")
@@ -191,9 +188,8 @@ def render_canal_json(history: SourceHistory, options: RenderOptions, seed: int)
         stream.mark_boundary()
     for _ in range(options.resends):
         stream.add_resend(rng)
-    corrupt = canal_corrupt(rows)
     for i in range(options.malformed):
-        stream.add_malformed(rng, CANAL_MALFORMED_KINDS[i % len(CANAL_MALFORMED_KINDS)], corrupt, compact_json)
+        stream.add_malformed(rng, CANAL_MALFORMED_KINDS[i % len(CANAL_MALFORMED_KINDS)], canal_corrupt, compact_json)
     return RenderedStream(
         stream.messages,
         format_options={"source_timezone": SOURCE_UTC_OFFSET},
@@ -250,20 +246,18 @@ def _canal_message(
 # dts-canal-json
 
 
-def dts_corrupt(rows: _MysqlRows) -> Corrupt:
-    def corrupt(kind: str, message: dict[str, Any]) -> dict[str, Any] | None:
-        if kind == "UPDATE without old":
-            # dts.md section 2: old is the full before row of an UPDATE; without it the change is incomplete.
-            if message.get("type") != "UPDATE":
-                return None
-            return {**message, "old": None}
-        if kind == "unknown type FROBNICATE":
-            return {**message, "type": "FROBNICATE"}
-        if kind == "bigint value 'abc'":
-            return spoil_long_value(message, rows.long_columns(message))
-        raise ValueError(f"unknown malformed kind {kind!r}")
-
-    return corrupt
+def dts_corrupt(kind: str, message: dict[str, Any]) -> dict[str, Any] | None:
+    """A spoiled copy of a DTS row message showing ``kind`` (None: this message cannot show it)."""
+    if kind == "UPDATE without old":
+        # dts.md section 2: old is the full before row of an UPDATE; without it the change is incomplete.
+        if message.get("type") != "UPDATE":
+            return None
+        return {**message, "old": None}
+    if kind == "unknown type FROBNICATE":
+        return {**message, "type": "FROBNICATE"}
+    if kind == "bigint value 'abc'":
+        return spoil_long_value(message, bigint_columns(message))
+    raise ValueError(f"unknown malformed kind {kind!r}")
 
 
 def render_dts_canal_json(
@@ -285,9 +279,8 @@ def render_dts_canal_json(
         stream.mark_boundary()
     for _ in range(options.resends):
         stream.add_resend(rng)
-    corrupt = dts_corrupt(rows)
     for i in range(options.malformed):
-        stream.add_malformed(rng, DTS_MALFORMED_KINDS[i % len(DTS_MALFORMED_KINDS)], corrupt, compact_json)
+        stream.add_malformed(rng, DTS_MALFORMED_KINDS[i % len(DTS_MALFORMED_KINDS)], dts_corrupt, compact_json)
     format_options = {"source_timezone": SOURCE_UTC_OFFSET}
     if legacy_old_data_swap:
         format_options["legacy_old_data_swap"] = "true"
