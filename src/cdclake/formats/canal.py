@@ -9,8 +9,10 @@ One JSON object per binlog rows event or DDL::
 
 A message holds several rows (``data[i]`` pairs with ``old[i]``): one canonical event per row, ``sub_index`` = row
 index. What ``data`` / ``old`` mean differs per dialect (:class:`Dialect`); values are JSON strings or null in every
-dialect, decoded with the declared column type. The Canal family cannot be told apart from one message (README,
-"Recognition"): these formats have no sniff rule and must be configured per topic.
+dialect, decoded with the declared column type. DTS and DRS have no TRUNCATE type: a DDL message whose ``sql`` is a
+``TRUNCATE`` of the message's own table becomes a TRUNCATE event (:func:`truncates_table`). The Canal family cannot
+be told apart from one message (README, "Recognition"): these formats have no sniff rule and must be configured per
+topic.
 """
 
 from __future__ import annotations
@@ -314,6 +316,26 @@ def canonical_value(dialect: Dialect, spark_type: Column, text: Column, zone: st
 # ----------------------------------------------------------------------------------------------------------------
 # Decoder
 
+_NAME_PART: Final = r'(?:`[^`]+`|"[^"]+"|[A-Za-z0-9_$]+)'
+_TRUNCATE_STATEMENT: Final = rf"(?is)^\s*truncate\s+(?:table\s+)?((?:{_NAME_PART}\s*\.\s*){{0,2}}{_NAME_PART})\s*;?\s*$"
+
+
+def truncates_table(sql: Column, table: Column, database: Column, schema: Column) -> Column:
+    """Whether ``sql`` is ``TRUNCATE [TABLE] [db.][schema.]name`` of exactly this table: ``name`` (unquoted from
+    backticks or double quotes) equals ``table`` and every qualifier equals the database or the schema. Names are
+    compared exactly: a statement that does not clearly name this table stays a recorded DDL, never a truncate."""
+    name = F.regexp_extract(F.coalesce(sql, F.lit("")), _TRUNCATE_STATEMENT, 1)
+    parts = F.transform(
+        F.regexp_extract_all(name, F.lit(_NAME_PART), 0), lambda p: F.regexp_replace(p, r'^[`"]|[`"]$', "")
+    )
+    qualifiers = F.slice(parts, 1, F.greatest(F.size(parts) - 1, F.lit(0)))
+    return F.coalesce(
+        (name != "")
+        & (F.element_at(parts, -1) == table)
+        & F.forall(qualifiers, lambda q: (q == F.coalesce(database, F.lit(""))) | (q == F.coalesce(schema, F.lit("")))),
+        F.lit(False),
+    )
+
 
 def _full(row: Column, names: Column) -> Column:
     """A row as sent, plus every declared column it lacks as NULL (canal.md section 1: missing key == null)."""
@@ -366,7 +388,17 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     m = F.col("_m")
     # drs.md section 4: relational DRS messages also carry the op as `opType` (same value as `type`).
     vendor_op = F.coalesce(m["type"], m["opType"])
+    table = F.nullif(m["table"], F.lit(""))
+    schema = F.nullif(m["schema"], F.lit(""))
+    # drs.md section 4: `database` is empty for Oracle; DRS JSON-C fills it with the schema (vendor page, table 5),
+    # and so do we (the shared checks require a database for row events).
+    database = F.coalesce(F.nullif(m["database"], F.lit("")), schema)
     op = op_from_code(vendor_op, dialect.operations)
+    # DTS (dts.md section 2) and DRS (drs.md sections 2, 4) have no TRUNCATE type: a TRUNCATE TABLE reaches Kafka
+    # as a DDL message with the statement in `sql`. When it names the message's own table it is applied as one.
+    op = F.when(
+        (op == Op.DDL.value) & truncates_table(m["sql"], table, database, schema), F.lit(Op.TRUNCATE.value)
+    ).otherwise(op)
     data = F.transform(m["data"], lambda r: exact_text_image(r))
     old = F.transform(m["old"], lambda r: exact_text_image(r))
     is_delete = op == Op.DELETE.value
@@ -433,11 +465,6 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         F.when(op == Op.UPDATE.value, update_after).otherwise(row_i),
     )
 
-    table = F.nullif(m["table"], F.lit(""))
-    schema = F.nullif(m["schema"], F.lit(""))
-    # drs.md section 4: `database` is empty for Oracle; DRS JSON-C fills it with the schema (vendor page, table 5),
-    # and so do we (the shared checks require a database for row events).
-    database = F.coalesce(F.nullif(m["database"], F.lit("")), schema)
     identifier = m["id"]
     position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")
     decoded = exploded.select(

@@ -13,9 +13,11 @@ settings below:
 * MySQL TIMESTAMP is ``"<epochSeconds>.<fraction>"`` in JSON and ``yyyy-MM-dd HH:mm:ss`` in JSON-C (zone not
   documented: option ``source_timezone``, default UTC).
 
-Choices where the spec is silent: bare ``decimal`` (no precision in ``mysqlType``) and relational ``numeric`` ->
-string (exact text); MySQL ``bit`` -> string (its DRS rendering is not documented); Oracle / SQL Server tables
-(empty ``columnType``) -> every column string, named by the keys of ``sqlType``.
+Choices where the spec is silent: a ``DDL`` message whose ``sql`` is ``TRUNCATE [TABLE] name`` of the message's
+own table is a TRUNCATE (DRS has no TRUNCATE type; :func:`cdclake.formats.canal.truncates_table`); bare ``decimal``
+(no precision in ``mysqlType``) and relational ``numeric`` -> string (exact text); MySQL ``bit`` -> string (its DRS
+rendering is not documented); Oracle / SQL Server tables (empty ``columnType``) -> every column string, named by the
+keys of ``sqlType``.
 """
 
 from __future__ import annotations
