@@ -30,6 +30,13 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
+# Benchmarks with their targets (benchmarks/README.md); both exit 0 even when a target fails.
+bench: setup
+	$(PY) -m benchmarks
+
+bench-quick: setup
+	$(PY) -m benchmarks --quick
+
 lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src

@@ -133,6 +133,11 @@ class HistoryConfig:
         added_columns: Number of ADD COLUMN changes.
         start_time_ms: Event time of the first change (epoch ms).
         oracle_tables: Number of additional Oracle tables (schema set, upper-case names, primary key ``ID``).
+        extra_columns: Non-key columns added to every table after its template columns (row width for benchmarks):
+            ``x01``, ``x02``... (upper-case on Oracle), kinds cycling through :data:`COLUMN_KINDS`.
+        clock_step_ms: When set, the clock advances by exactly this many milliseconds per change (fractions
+            accumulate), so change ``i`` happens at ``start_time_ms + floor(i * clock_step_ms)``: a steady source
+            rate, e.g. to pace a producer at event time. ``None``: the irregular default clock.
     """
 
     seed: int = 0
@@ -147,6 +152,8 @@ class HistoryConfig:
     added_columns: int = 0
     start_time_ms: int = 1_709_288_131_000
     oracle_tables: int = 0
+    extra_columns: int = 0
+    clock_step_ms: float | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` if the configuration is inconsistent."""
@@ -155,6 +162,10 @@ class HistoryConfig:
                 raise ValueError(f"HistoryConfig.{name} must be >= 0")
         if self.oracle_tables < 0:
             raise ValueError("HistoryConfig.oracle_tables must be >= 0")
+        if self.extra_columns < 0:
+            raise ValueError("HistoryConfig.extra_columns must be >= 0")
+        if self.clock_step_ms is not None and not 0.0 <= self.clock_step_ms <= 86_400_000.0:
+            raise ValueError("HistoryConfig.clock_step_ms must be within [0, 86400000] (or None)")
         if self.keyless_tables > self.tables:
             raise ValueError("HistoryConfig.keyless_tables must be <= tables")
         for name in ("update_ratio", "delete_ratio", "null_ratio"):
@@ -305,12 +316,20 @@ def build_tables(cfg: HistoryConfig) -> list[TableSpec]:
     """Returns the initial table definitions of a history with configuration ``cfg`` (no randomness)."""
     specs: list[TableSpec] = []
     for db, name, cols in _from_templates(_KEYED_TEMPLATES, cfg.tables - cfg.keyless_tables):
-        specs.append(TableSpec(db, name, cols, [cols[0].name]))
+        specs.append(TableSpec(db, name, cols + _extra_columns(cfg.extra_columns), [cols[0].name]))
     for db, name, cols in _from_templates(_KEYLESS_TEMPLATES, cfg.keyless_tables):
-        specs.append(TableSpec(db, name, cols, []))
+        specs.append(TableSpec(db, name, cols + _extra_columns(cfg.extra_columns), []))
     for schema, name, cols in _from_templates(_ORACLE_TEMPLATES, cfg.oracle_tables):
-        specs.append(TableSpec(_ORACLE_DATABASE, name, cols, [cols[0].name], schema=schema, db_type="Oracle"))
+        extra = _extra_columns(cfg.extra_columns, upper=True)
+        specs.append(TableSpec(_ORACLE_DATABASE, name, cols + extra, [cols[0].name], schema=schema, db_type="Oracle"))
     return specs
+
+
+def _extra_columns(count: int, *, upper: bool = False) -> list[Column]:
+    """``count`` padding columns ``x01``, ``x02``... with kinds cycling through :data:`COLUMN_KINDS`."""
+    width = max(2, len(str(count)))
+    columns = [Column(f"x{i + 1:0{width}d}", COLUMN_KINDS[i % len(COLUMN_KINDS)]) for i in range(count)]
+    return [Column(c.name.upper(), c.kind) for c in columns] if upper else columns
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -613,7 +632,9 @@ class _Generator:
     # -- clock -----------------------------------------------------------------------------------------------
     def _tick(self) -> tuple[int, int]:
         """Advances the clock; returns ``(sequence, event_time_ms)`` of the next change."""
-        if self.changes:
+        if self.cfg.clock_step_ms is not None:
+            self.time_ms = self.cfg.start_time_ms + int(len(self.changes) * self.cfg.clock_step_ms)
+        elif self.changes:
             r = self.rng.random()
             if r >= 0.7:
                 self.time_ms += self.rng.randint(51, 5000)

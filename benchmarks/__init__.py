@@ -1,0 +1,1 @@
+"""cdclake benchmarks: `python -m benchmarks [--quick]` (see README.md)."""

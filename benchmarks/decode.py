@@ -1,0 +1,144 @@
+"""Target a: decode throughput of every format with a renderer, against a hand-written parse of the same messages.
+
+Both sides read the same in-memory, materialised message frame and are forced through the ``noop`` writer, so the
+figure is the cost of the projection alone (no source I/O, no sink I/O).
+
+The baseline, per encoding family, built generically from the format module's own envelope schema (the schema its
+decoder parses with: the module attribute ``RAW_SCHEMA``, else ``ENVELOPE_SCHEMA`` or ``AVRO_SCHEMA``):
+
+* JSON: ``from_json(CAST(value AS STRING), <envelope schema>)``;
+* binary: ``from_avro(value, <envelope schema>, PERMISSIVE)``, after dropping an Avro single-object header
+  (``C3 01`` + 8-byte fingerprint) when a message has one;
+* JSON without a module schema: the schema Spark infers from a sample of 2,000 messages.
+
+then one ``select`` of as many columns as the canonical event has (24): the six Kafka columns passed through and the
+envelope's leaves (nested struct fields, depth first; arrays and maps count as one leaf) to fill the rest. That is
+what "parse the envelope into the fields the canonical event needs" costs without any of the decoder's work (op
+mapping, canonical value text, identifier and value checks, keys, positions).
+
+Ratio = decoder throughput / baseline throughput (best of ``repeats`` timed runs each, alternated, after a warm-up).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
+from pyspark.sql.types import DataType, StructType
+
+from benchmarks.workload import Workload, message_frame
+from cdclake import model
+from cdclake.formats import get_format
+from cdclake.formats.base import MESSAGE_COLUMNS
+
+SCHEMA_ATTRIBUTES = ("RAW_SCHEMA", "ENVELOPE_SCHEMA", "AVRO_SCHEMA")
+AVRO_SINGLE_OBJECT_MAGIC = bytes([0xC3, 0x01])
+AVRO_SINGLE_OBJECT_HEADER = 10
+
+
+@dataclass
+class DecodeResult:
+    format: str
+    messages: int
+    baseline_seconds: float
+    decoder_seconds: float
+    baseline_description: str
+    dead_letters: int
+
+    @property
+    def ratio(self) -> float:
+        return self.baseline_seconds / self.decoder_seconds if self.decoder_seconds else 0.0
+
+    @property
+    def decoder_rate(self) -> float:
+        return self.messages / self.decoder_seconds if self.decoder_seconds else 0.0
+
+    @property
+    def baseline_rate(self) -> float:
+        return self.messages / self.baseline_seconds if self.baseline_seconds else 0.0
+
+
+def envelope_schema(format_name: str) -> str | None:
+    """The schema string the format's decoder parses the envelope with, if its module exposes one."""
+    module = importlib.import_module(get_format(format_name).decode.__module__)
+    for attribute in SCHEMA_ATTRIBUTES:
+        value = getattr(module, attribute, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _leaves(column: Column, data_type: DataType, path: str) -> list[tuple[str, Column]]:
+    if isinstance(data_type, StructType):
+        out: list[tuple[str, Column]] = []
+        for field in data_type.fields:
+            if field.name != "_corrupt_record":
+                out += _leaves(column[field.name], field.dataType, f"{path}.{field.name}")
+        return out
+    return [(path, column)]
+
+
+def baseline_frame(spark: SparkSession, messages: DataFrame, format_name: str) -> tuple[DataFrame, str]:
+    """The hand-written parse of ``messages`` (see the module doc) and a description of it."""
+    encoding = get_format(format_name).encoding
+    schema = envelope_schema(format_name)
+    value = F.col("value")
+    if encoding == "binary":
+        if schema is None:
+            raise ValueError(f"{format_name}: binary format without a module-level Avro schema")
+        header = F.substring(value, 1, 2) == F.lit(AVRO_SINGLE_OBJECT_MAGIC)
+        body = F.when(header, F.expr(f"substring(value, {AVRO_SINGLE_OBJECT_HEADER + 1})")).otherwise(value)
+        parsed = from_avro(body, schema, {"mode": "PERMISSIVE"})
+        how = "from_avro(value, module Avro schema)"
+    else:
+        if schema is None:
+            sample = messages.select(F.col("value").cast("string").alias("v")).limit(2000)
+            schema = spark.read.json(sample.rdd.map(lambda row: row.v)).schema.json()
+            how = "from_json(value, schema inferred from 2,000 messages)"
+            parsed = F.from_json(value.cast("string"), StructType.fromJson(json.loads(schema)))
+        else:
+            how = "from_json(value, module envelope schema)"
+            parsed = F.from_json(value.cast("string"), schema)
+    with_parsed = messages.select(*MESSAGE_COLUMNS, parsed.alias("_m"))
+    parsed_type = with_parsed.schema["_m"].dataType
+    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
+    leaves = _leaves(F.col("_m"), parsed_type, "_m")[:wanted]
+    frame = with_parsed.select(*MESSAGE_COLUMNS, *(column.alias(f"c{i}") for i, (_, column) in enumerate(leaves)))
+    return frame, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {len(leaves)} envelope leaves"
+
+
+def _noop(frame: DataFrame) -> float:
+    started = time.perf_counter()
+    frame.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def measure(
+    spark: SparkSession, workload: Workload, repeats: int = 3, log: Callable[[str], None] = print
+) -> DecodeResult:
+    """Times the format's decoder and the baseline on the workload's messages."""
+    name = workload.spec.format
+    messages = message_frame(spark, workload.path)
+    try:
+        decoded = get_format(name).decode(messages, workload.format_options)
+        baseline, description = baseline_frame(spark, messages, name)
+        dead = decoded.where(F.col(model.ERROR).isNotNull()).count()  # also the decoder's warm-up
+        _noop(baseline)
+        baseline_times, decoder_times = [], []
+        for _ in range(repeats):
+            baseline_times.append(_noop(baseline))
+            decoder_times.append(_noop(decoded))
+        result = DecodeResult(name, workload.messages, min(baseline_times), min(decoder_times), description, dead)
+        log(
+            f"decode {name}: {result.decoder_rate:,.0f} msg/s vs baseline {result.baseline_rate:,.0f} msg/s "
+            f"({workload.messages:,} messages, {dead} dead letters; baseline: {description})"
+        )
+        return result
+    finally:
+        messages.unpersist()

@@ -1,0 +1,60 @@
+"""Smoke test of the benchmark harness (``python -m benchmarks``): the decode benchmark on a tiny workload prints
+its target line in the agreed shape, writes RESULTS.md and a valid PNG; the plot and memory helpers work alone."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from benchmarks import plot
+from benchmarks.__main__ import main
+from benchmarks.memory import PeakSampler, driver_rss
+from benchmarks.report import TARGET_LINE
+
+
+@pytest.mark.spark
+def test_decode_benchmark_prints_target_lines(spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--quick", "--only", "decode", "--formats", "dataworks-json", "--decode-events", "150"]
+    code = main([*argv, "--decode-repeats", "1", "--results", str(tmp_path)], spark=spark)
+
+    assert code == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("target ")]
+    assert len(lines) == 1
+    match = TARGET_LINE.match(lines[0])
+    assert match is not None, lines[0]
+    assert match.group(1) == "decode_ratio.dataworks-json"
+    assert float(match.group(2)) > 0
+    assert match.group(3) == ">= 0.9"
+    results = (tmp_path / "RESULTS.md").read_text()
+    assert lines[0] in results
+    assert (tmp_path / "results.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_png_is_well_formed() -> None:
+    data = plot.render([plot.Panel("T", [plot.Bar("a", [(1.0, "baseline"), (2.0, "merge")], "3.0")], ["merge"], 2.5)])
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    offset, chunks = 8, {}
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind, body = data[offset + 4 : offset + 8], data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert crc == zlib.crc32(kind + body)
+        chunks[kind] = body
+        offset += 12 + length
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    assert len(zlib.decompress(chunks[b"IDAT"])) == height * (1 + 3 * width)
+
+
+def test_target_line_shape() -> None:
+    assert TARGET_LINE.match("target e2e_merge_vs_append: 0.62 (goal >= 0.5) PASS")
+    assert TARGET_LINE.match("target driver_peak_rss: 2.10 GiB (goal <= 4 GiB) FAIL")
+    assert not TARGET_LINE.match("target x: 1 goal >= 2 PASS")
+
+
+def test_memory_sampler_sees_this_process() -> None:
+    with PeakSampler(interval=0.01) as sampler:
+        pass
+    assert sampler.peak >= driver_rss() // 2 > 0
