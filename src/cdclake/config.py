@@ -20,6 +20,9 @@ Example::
     topic_formats: {dw.legacy: dataworks-json}     # per-topic override
     keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
+    history:                                       # optional history tables (README: History tables)
+      changelog: true                              # every table, or a list: [crm.customer, shop.orders]
+      scd2: [crm.customer]
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ FIXES: dict[str, str] = {
     "topic_formats": "map each topic to a name listed by `cdclake formats`",
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
+    "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
+    "or a list of `db.table` names",
 }
 
 
@@ -107,6 +112,26 @@ class TriggerConfig(_Strict):
     available_now: bool = False
 
 
+class HistoryTablesConfig(_Strict):
+    """Which tables get history tables (cdclake.sinks.history): true = all, false = none, or ``db.table`` names."""
+
+    changelog: bool | list[str] = False
+    scd2: bool | list[str] = False
+
+    @field_validator("changelog", "scd2", mode="before")
+    @classmethod
+    def _all_or_table_names(cls, value: Any) -> Any:
+        # Checked before pydantic's union, whose errors would name a union member instead of the key.
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise ValueError("expected true, false or a list of table names")
+        for name in value:
+            if not name or any(not part for part in name.split(".")) or name.count(".") > 2:
+                raise ValueError(f"{name!r} is not a table name (db.table, db.schema.table or table)")
+        return value
+
+
 class PipelineConfig(_Strict):
     """A ``cdclake run`` configuration file."""
 
@@ -120,6 +145,7 @@ class PipelineConfig(_Strict):
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
+    history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
     spark: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("keys")

@@ -7,6 +7,7 @@ Per batch, in this order (each commit idempotent for the batch, see cdclake.sink
 2. plan the touched tables on the driver (columns, keys, truncates); create tables / add new columns;
 3. events whose values do not fit an existing column's type -> dead letters (never silently NULL);
 4. keyed changes -> fold per key -> gate by tombstones -> per table: truncate, then one MERGE;
+   opt-in history tables (changelog, SCD2) from the unfolded changes, see cdclake.sinks.history;
 5. tombstones, schema changes (DDL text as received) and progress rows.
 """
 
@@ -27,6 +28,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.formats import get_format
 from cdclake.model import Op
+from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,8 @@ class PipelineSettings:
         keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
+        changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
+        scd2: tables that get an SCD type 2 history table (same selection rules).
     """
 
     lake: str
@@ -60,6 +64,8 @@ class PipelineSettings:
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
     merge_threads: int = 4
+    changelog: history.TableSelection = False
+    scd2: history.TableSelection = False
 
 
 @dataclass
@@ -92,6 +98,7 @@ class Pipeline:
         self.spark = spark
         self.settings = settings
         self.sink = DeltaSink(spark, settings.lake)
+        self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
@@ -167,6 +174,7 @@ class Pipeline:
         row_plans = [p for p in plans if p.row_events or p.truncate_order]
         if row_plans:
             self._apply_rows(good, row_plans, table_columns, txn, result)
+        self._history(good, row_plans, table_columns, txn, result)
         if any(p.ddl_count or p.truncate_order for p in plans):
             with result.timed("schema_changes"):
                 self._schema_changes(good, batch_id, txn)
@@ -230,6 +238,23 @@ class Pipeline:
                     self.sink.record_tombstones(folded, truncated, txn)
         finally:
             folded.unpersist()
+
+    def _history(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        txn: Txn | None,
+        result: BatchResult,
+    ) -> None:
+        """Changelog and SCD2 tables of the tables that have them (settings ``changelog`` / ``scd2``)."""
+        changelog = [p for p in plans if history.is_selected(self.settings.changelog, p)]
+        scd2 = [p for p in plans if history.is_selected(self.settings.scd2, p)]
+        if changelog or scd2:
+            with result.timed("history"):
+                self.history.record(
+                    good, changelog, scd2, table_columns, self.settings.keys, result.batch_id, txn, self.merge_threads
+                )
 
     def _misfit_reason(
         self, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdclake.config import PipelineConfig
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
+from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         keys={k: list(v) for k, v in config.keys.items()},
         tombstone_retention_seconds=int(config.tombstone_retention_hours * 3600),
         name=config.name,
+        changelog=config.history.changelog,
+        scd2=config.history.scd2,
     )
 
 
@@ -180,8 +183,11 @@ def replay(
     format_options: Mapping[str, str] | None = None,
     batch_lines: int = 1_000_000,
     on_batch: BatchCallback | None = None,
+    changelog: TableSelection = False,
+    scd2: TableSelection = False,
 ) -> list[BatchResult]:
-    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path."""
+    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
+    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history)."""
     checked = files.check_files(paths)
     settings = PipelineSettings(
         lake=lake,
@@ -190,6 +196,8 @@ def replay(
         format_options={format_name: dict(format_options or {})},
         keys={k: list(v) for k, v in (keys or {}).items()},
         name="replay",
+        changelog=changelog,
+        scd2=scd2,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []
