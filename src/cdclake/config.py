@@ -22,6 +22,9 @@ Example::
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
+    history:                                       # optional history tables (README: History tables)
+      changelog: true                              # every table, or a list: [crm.customer, shop.orders]
+      scd2: [crm.customer]
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ FIXES: dict[str, str] = {
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
     "sequence_by": "map `db.table`, `table` or `*` to the column that orders changes, e.g. `{shop.orders: version}`",
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
+    "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
+    "or a list of `db.table` names",
 }
 
 
@@ -118,6 +123,26 @@ class DdlConfig(_Strict):
     tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
 
 
+class HistoryTablesConfig(_Strict):
+    """Which tables get history tables (cdclake.sinks.history): true = all, false = none, or ``db.table`` names."""
+
+    changelog: bool | list[str] = False
+    scd2: bool | list[str] = False
+
+    @field_validator("changelog", "scd2", mode="before")
+    @classmethod
+    def _all_or_table_names(cls, value: Any) -> Any:
+        # Checked before pydantic's union, whose errors would name a union member instead of the key.
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise ValueError("expected true, false or a list of table names")
+        for name in value:
+            if not name or any(not part for part in name.split(".")) or name.count(".") > 2:
+                raise ValueError(f"{name!r} is not a table name (db.table, db.schema.table or table)")
+        return value
+
+
 class PipelineConfig(_Strict):
     """A ``cdclake run`` configuration file."""
 
@@ -133,6 +158,7 @@ class PipelineConfig(_Strict):
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
+    history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
     spark: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("keys")

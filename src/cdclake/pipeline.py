@@ -7,6 +7,7 @@ Per batch, in this order (each commit idempotent for the batch, see cdclake.sink
 2. plan the touched tables on the driver (columns, keys, truncates); create tables / add new columns;
 3. events whose values do not fit an existing column's type -> dead letters (never silently NULL);
 4. keyed changes -> fold per key -> gate by tombstones -> per table: truncate, then one MERGE;
+   opt-in history tables (changelog, SCD2) from the unfolded changes, see cdclake.sinks.history;
 5. tombstones, schema changes (DDL text as received) and progress rows.
 """
 
@@ -28,6 +29,7 @@ from cdclake import apply, model
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
 from cdclake.formats import get_format
 from cdclake.model import Op
+from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class PipelineSettings:
         ddl_table_policies: ``db.table`` or ``table`` -> policy, overriding ``ddl_policy``.
         sequence_by: ``db.table``, ``table`` or ``*`` -> column whose value orders the table's changes instead of
             the format's position (see :func:`cdclake.apply.sequenced`).
+        changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
+        scd2: tables that get an SCD type 2 history table (same selection rules).
     """
 
     lake: str
@@ -78,6 +82,8 @@ class PipelineSettings:
     ddl_policy: Policy = "evolve"
     ddl_table_policies: Mapping[str, Policy] = field(default_factory=dict)
     sequence_by: Mapping[str, str] = field(default_factory=dict)
+    changelog: history.TableSelection = False
+    scd2: history.TableSelection = False
 
 
 @dataclass
@@ -110,6 +116,7 @@ class Pipeline:
         self.spark = spark
         self.settings = settings
         self.sink = DeltaSink(spark, settings.lake)
+        self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
         self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies)
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
@@ -230,6 +237,7 @@ class Pipeline:
 
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
+        self._history(good, plans, table_columns, txn, result)
 
     def _apply_rows(
         self,
@@ -283,6 +291,23 @@ class Pipeline:
                     self.sink.record_tombstones(folded, truncated, txn)
         finally:
             folded.unpersist()
+
+    def _history(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        txn: Txn | None,
+        result: BatchResult,
+    ) -> None:
+        """Changelog and SCD2 tables of the tables that have them (settings ``changelog`` / ``scd2``)."""
+        changelog = [p for p in plans if history.is_selected(self.settings.changelog, p)]
+        scd2 = [p for p in plans if history.is_selected(self.settings.scd2, p)]
+        if changelog or scd2:
+            with result.timed("history"):
+                self.history.record(
+                    good, changelog, scd2, table_columns, self.settings.keys, result.batch_id, txn, self.merge_threads
+                )
 
     def _misfit_reason(
         self, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]

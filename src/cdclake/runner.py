@@ -14,6 +14,7 @@ from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
+from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         ddl_policy=config.ddl.policy,
         ddl_table_policies=dict(config.ddl.tables),
         sequence_by=dict(config.sequence_by),
+        changelog=config.history.changelog,
+        scd2=config.history.scd2,
     )
 
 
@@ -187,8 +190,11 @@ def replay(
     ddl_policy: Policy = "evolve",
     ddl_table_policies: Mapping[str, Policy] | None = None,
     sequence_by: Mapping[str, str] | None = None,
+    changelog: TableSelection = False,
+    scd2: TableSelection = False,
 ) -> list[BatchResult]:
-    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path."""
+    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
+    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history)."""
     checked = files.check_files(paths)
     settings = PipelineSettings(
         lake=lake,
@@ -200,6 +206,8 @@ def replay(
         ddl_policy=ddl_policy,
         ddl_table_policies=dict(ddl_table_policies or {}),
         sequence_by=dict(sequence_by or {}),
+        changelog=changelog,
+        scd2=scd2,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []

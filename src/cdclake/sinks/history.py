@@ -1,0 +1,640 @@
+"""History tables, opt-in per source table: an append-only changelog of canonical row events, and an SCD type 2
+table holding every version of every row. Delta-specific: paths, identifiers and the batch's idempotent-writer
+marker come from :mod:`cdclake.sinks.delta`.
+
+Layout::
+
+    <lake>/_cdclake/changelog/<database>/<table>   one row per distinct source row event (and TRUNCATE)
+    <lake>/_cdclake/scd2/<database>/<table>        one row per version of a row key
+
+Both live under ``_cdclake``: :func:`~cdclake.sinks.delta.safe_name` never yields a name starting with ``_``, so no
+source database or table can collide with them. Each table gets one commit per batch, marked with the batch's
+:class:`~cdclake.sinks.delta.Txn`; on top of that both are idempotent by content, so a batch re-run without the
+marker adds nothing either.
+
+**Changelog.** The table's user columns hold the event's row image (the after image; the before image for events
+without one: DELETE and the first half of a split update), typed like the lake table, followed by the columns of
+:data:`CHANGELOG_COLUMNS`. An event is identified by (``_cdc_position``, ``_cdc_sub_index``, ``_cdc_key``): re-sent
+copies of an event (same vendor position) are logged once; events of formats without a position are identified by
+their Kafka coordinates, so only a re-read of the same offsets is recognised.
+
+**SCD2.** A row per change of a key: ``UPSERT`` rows are versions; ``DELETE`` and ``TRUNCATE`` rows mark the key
+absent (``_cdc_is_deleted``) and show the row as it was when it went. ``_cdc_valid_from`` is the order of the
+change (see :mod:`cdclake.apply`), ``_cdc_valid_to`` the order of the key's next change (null for the newest row,
+which is ``_cdc_is_current``). The live rows are ``_cdc_is_current AND NOT _cdc_is_deleted``; the rows as of
+order ``o`` are ``_cdc_valid_from <= o AND (_cdc_valid_to IS NULL OR o < _cdc_valid_to) AND NOT _cdc_is_deleted``.
+A TRUNCATE also leaves one marker row without key (``_cdc_row_key`` null, empty interval), so that changes of any
+key that arrive later, but are older than the truncate, are still closed by it.
+
+Every batch recomputes, with window functions, the chain of each key it touches from the stored rows that can
+change (those still open at the key's oldest change in the batch) plus the batch's changes, and applies the
+difference in one MERGE: inserted rows, re-closed rows, and rows that must go (the delete half of a split update
+whose other half arrived in a later batch). Changes arriving late or out of order across batches land in their
+place by order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Literal
+
+from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype_string
+
+from cdclake import apply, model
+from cdclake.apply import TablePlan
+from cdclake.model import Op
+from cdclake.sinks.delta import EVENT_TIME_COLUMN, OP_COLUMN, POSITION_COLUMN, DeltaSink, Txn, quote
+
+CHANGELOG_DIR: Final = "changelog"
+SCD2_DIR: Final = "scd2"
+
+TableSelection = bool | Sequence[str]
+"""Which tables get a history table: ``True`` every table, ``False`` none, or names (``db.table``, where ``db`` is
+the database or, for sources without one, the schema; ``db.schema.table``; or a bare ``table``)."""
+
+# ----------------------------------------------------------------------------------------------------------------
+# Changelog columns, after the user columns. POSITION_COLUMN, EVENT_TIME_COLUMN and OP_COLUMN as in user tables.
+
+VENDOR_OP_COLUMN: Final = "_cdc_vendor_op"
+TXN_ID_COLUMN: Final = "_cdc_txn_id"
+KEY_COLUMN: Final = "_cdc_key"
+"""Key values of the event's row as JSON text (a JSON array in key-column order); null for TRUNCATE."""
+BEFORE_COLUMN: Final = "_cdc_before"
+"""Before image as a struct of the typed user columns; null when the event carries none."""
+PARTIAL_COLUMN: Final = "_cdc_after_is_partial"
+CAPTURED_COLUMN: Final = "_cdc_after_columns"
+"""For partial after images, the columns the image carries (the others show NULL but were not captured)."""
+TOPIC_COLUMN: Final = "_cdc_topic"
+PARTITION_COLUMN: Final = "_cdc_partition"
+OFFSET_COLUMN: Final = "_cdc_offset"
+SUB_INDEX_COLUMN: Final = "_cdc_sub_index"
+BATCH_ID_COLUMN: Final = "_cdc_batch_id"
+"""Batch that logged the event first."""
+
+CHANGELOG_COLUMNS: Final = (
+    (OP_COLUMN, "string"),
+    (VENDOR_OP_COLUMN, "string"),
+    (POSITION_COLUMN, "string"),
+    (EVENT_TIME_COLUMN, "timestamp"),
+    (TXN_ID_COLUMN, "string"),
+    (KEY_COLUMN, "string"),
+    # BEFORE_COLUMN (a struct of the user columns) goes here
+    (PARTIAL_COLUMN, "boolean"),
+    (CAPTURED_COLUMN, "array<string>"),
+    (TOPIC_COLUMN, "string"),
+    (PARTITION_COLUMN, "int"),
+    (OFFSET_COLUMN, "bigint"),
+    (SUB_INDEX_COLUMN, "int"),
+    (BATCH_ID_COLUMN, "bigint"),
+)
+
+# ----------------------------------------------------------------------------------------------------------------
+# SCD2 columns, after the user columns.
+
+ROW_KEY_COLUMN: Final = "_cdc_row_key"
+"""Key values as JSON text (the apply engine's row key); null on TRUNCATE marker rows."""
+VALID_FROM_COLUMN: Final = "_cdc_valid_from"
+VALID_TO_COLUMN: Final = "_cdc_valid_to"
+VALID_FROM_TIME_COLUMN: Final = "_cdc_valid_from_time"
+"""Source event time of the change that produced the row."""
+VALID_TO_TIME_COLUMN: Final = "_cdc_valid_to_time"
+"""Source event time of the key's next change."""
+IS_CURRENT_COLUMN: Final = "_cdc_is_current"
+IS_DELETED_COLUMN: Final = "_cdc_is_deleted"
+TRUNCATE: Final = Op.TRUNCATE.value
+"""``_cdc_op`` of SCD2 rows closed by a TRUNCATE, beside apply.UPSERT and apply.DELETE."""
+
+SCD2_COLUMNS: Final = (
+    (ROW_KEY_COLUMN, "string"),
+    (VALID_FROM_COLUMN, "string"),
+    (VALID_TO_COLUMN, "string"),
+    (VALID_FROM_TIME_COLUMN, "timestamp"),
+    (VALID_TO_TIME_COLUMN, "timestamp"),
+    (IS_CURRENT_COLUMN, "boolean"),
+    (IS_DELETED_COLUMN, "boolean"),
+    (OP_COLUMN, "string"),
+)
+
+_HALF_SUFFIX = re.compile(r"/[01]$")
+
+
+def is_selected(selection: TableSelection, plan: TablePlan) -> bool:
+    """Whether ``selection`` (see :data:`TableSelection`) names the plan's table."""
+    if isinstance(selection, bool):
+        return selection
+    names = [selection] if isinstance(selection, str) else list(selection)
+    database, schema, table = plan.database, plan.schema, plan.table
+    candidates = {table, f"{database or schema}.{table}"}
+    if schema:
+        candidates.add(f"{schema}.{table}")
+    if database and schema:
+        candidates.add(f"{database}.{schema}.{table}")
+    return any(name in candidates for name in names)
+
+
+def _position_text(order: str) -> str:
+    """The position part of an order (without the split-update half suffix): a lower bound of every order of the
+    same position, the first half included."""
+    return _HALF_SUFFIX.sub("", order)
+
+
+def _position_of(order: Column) -> Column:
+    return F.regexp_replace(order, _HALF_SUFFIX.pattern, "")
+
+
+def _typed(spark_type: str) -> DataType:
+    return _parse_datatype_string(spark_type)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One history table to write in a batch."""
+
+    kind: Literal["changelog", "scd2"]
+    plan: TablePlan
+    columns: list[tuple[str, str]]
+    """The lake table's (name, type) user columns."""
+    oldest: str
+    """Oldest order of the table's events in the batch."""
+    truncates: list[tuple[str, datetime | None]]
+    """(order, event time) of every TRUNCATE of the table in the batch, oldest first."""
+
+
+class HistorySink:
+    """Writes the changelog and SCD2 tables of a batch (see the module doc)."""
+
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.spark = sink.spark
+        # Schemas of the history tables this sink has seen, so a batch without new columns does not re-read the log.
+        self._schemas: dict[str, StructType] = {}
+
+    def changelog_path(self, plan: TablePlan) -> str:
+        return self._path(CHANGELOG_DIR, plan)
+
+    def scd2_path(self, plan: TablePlan) -> str:
+        return self._path(SCD2_DIR, plan)
+
+    def _path(self, kind: str, plan: TablePlan) -> str:
+        relative = self.sink.table_path(plan.database, plan.schema, plan.table).removeprefix(self.sink.lake + "/")
+        return self.sink.system_path(f"{kind}/{relative}")
+
+    # ---------------------------------------------------------------------------------------------------------
+
+    def record(
+        self,
+        events: DataFrame,
+        changelog: Sequence[TablePlan],
+        scd2: Sequence[TablePlan],
+        table_columns: Mapping[str, Sequence[tuple[str, str]]],
+        keys: Mapping[str, Sequence[str]],
+        batch_id: int,
+        txn: Txn | None,
+        threads: int = 4,
+    ) -> None:
+        """Writes the batch's decoded, applicable ``events`` into the changelog tables of the ``changelog`` plans
+        and the SCD2 tables of the ``scd2`` plans: one commit per table, all marked with ``txn``."""
+        plans = {plan.table_id: plan for plan in [*changelog, *scd2]}
+        if not plans:
+            return
+        logged = {plan.table_id for plan in changelog}
+        versioned = {plan.table_id for plan in scd2}
+        op = F.col(model.OP)
+        table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        order = apply.effective_order(events)
+        relevant = events.where(op.isin(*(o.value for o in model.ROW_OPS), TRUNCATE) & table_id.isin(*plans))
+        # One small row per table on the driver: where the batch starts (bounds what stored rows can be affected)
+        # and its truncates (every one, not only the newest as in the plan).
+        summary = (
+            relevant.groupBy(table_id.alias(apply.TABLE_ID))
+            .agg(
+                F.min(order).alias("oldest"),
+                F.collect_set(F.when(op == TRUNCATE, F.struct(order.alias("order"), F.col(model.EVENT_TIME)))).alias(
+                    "truncates"
+                ),
+            )
+            .collect()
+        )
+        work: list[_Work] = []
+        for row in summary:
+            plan, columns = plans[row[apply.TABLE_ID]], list(table_columns[row[apply.TABLE_ID]])
+            # A re-sent truncate is one truncate: one (order, earliest event time) each.
+            truncate_times: dict[str, datetime | None] = {}
+            for truncate in row["truncates"]:
+                known = truncate_times.get(truncate["order"])
+                event_time = truncate[model.EVENT_TIME]
+                truncate_times[truncate["order"]] = event_time if known is None else min(known, event_time or known)
+            truncates = sorted(truncate_times.items())
+            if plan.table_id in logged:
+                work.append(_Work("changelog", plan, columns, row["oldest"], truncates))
+            if plan.table_id in versioned:
+                work.append(_Work("scd2", plan, columns, row["oldest"], truncates))
+        changes = apply.row_changes(relevant, keys)
+        row_keys = apply.effective_keys(relevant, keys)
+
+        def prepare(item: _Work) -> None:
+            if item.kind == "changelog":
+                stats = [POSITION_COLUMN]
+                self._ensure(self.changelog_path(item.plan), self._changelog_schema(item.columns), item, stats)
+            else:
+                stats = [ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN]
+                self._ensure(self.scd2_path(item.plan), self._scd2_schema(item.columns), item, stats)
+
+        def write(item: _Work) -> None:
+            if item.kind == "changelog":
+                table_events = relevant.where(table_id == item.plan.table_id)
+                self._changelog(item, table_events, row_keys, batch_id)
+            else:
+                self._scd2(item, changes.where(F.col(apply.TABLE_ID) == item.plan.table_id))
+
+        # Tables are created and columns added first, outside the marker: only the data commits may carry it.
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for future in [pool.submit(prepare, item) for item in work]:
+                future.result()
+        with self.sink.idempotent(txn), ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for future in [pool.submit(write, item) for item in work]:
+                future.result()
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Tables
+
+    @staticmethod
+    def _user_struct(columns: Sequence[tuple[str, str]]) -> StructType:
+        return StructType([StructField(name, _typed(spark_type)) for name, spark_type in columns])
+
+    def _changelog_schema(self, columns: Sequence[tuple[str, str]]) -> StructType:
+        fields = list(self._user_struct(columns).fields)
+        for name, spark_type in CHANGELOG_COLUMNS:
+            fields.append(StructField(name, _typed(spark_type)))
+            if name == KEY_COLUMN:
+                fields.append(StructField(BEFORE_COLUMN, self._user_struct(columns)))
+        return StructType(fields)
+
+    def _scd2_schema(self, columns: Sequence[tuple[str, str]]) -> StructType:
+        fields = list(self._user_struct(columns).fields)
+        fields += [StructField(name, _typed(spark_type)) for name, spark_type in SCD2_COLUMNS]
+        return StructType(fields)
+
+    def _ensure(self, path: str, wanted: StructType, item: _Work, stats: Sequence[str]) -> StructType:
+        """Creates the table or adds the columns (and fields of struct columns) it lacks; returns its schema.
+
+        ``stats``: metadata columns that get min/max statistics, beside the key columns.
+        """
+        cached = self._schemas.get(path)
+        if cached is not None and not _missing(cached, wanted):
+            return cached
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            plan = item.plan
+            types = {name.lower(): spark_type for name, spark_type in item.columns}
+            # Delta keeps no min/max statistics for binary or boolean columns.
+            keys = [k for k in plan.key_columns if types.get(k.lower()) not in (None, "binary", "boolean")]
+            (
+                DeltaTable.createIfNotExists(self.spark)
+                .location(path)
+                .addColumns(wanted)
+                .property("cdclake.source", ".".join(p for p in (plan.database, plan.schema, plan.table) if p))
+                .property("cdclake.keyColumns", ",".join(plan.key_columns))
+                # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
+                .property("delta.dataSkippingStatsColumns", ",".join([*map(quote, keys), *stats]))
+                .execute()
+            )
+        schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        missing = _missing(schema, wanted)
+        if missing:
+            # Names come from the lake table (validated by the decoder) and are quoted; nothing is taken from a message.
+            added = ", ".join(f"{name} {data_type.simpleString()}" for name, data_type in missing)
+            try:
+                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({added})")
+            except AnalysisException as exc:  # a concurrent run added them first
+                if "already exists" not in str(exc):
+                    raise
+            schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        self._schemas[path] = schema
+        return schema
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Changelog
+
+    def _changelog(self, item: _Work, events: DataFrame, row_keys: Column, batch_id: int) -> None:
+        """Inserts the table's events not logged yet: one insert-only MERGE, matching rows from the batch's oldest
+        event on."""
+        path = self.changelog_path(item.plan)
+        schema = self._schemas[path]
+        columns, oldest = item.columns, item.oldest
+        after, before = F.col(model.AFTER), F.col(model.BEFORE)
+        image = F.coalesce(after, before)
+        typed = dict(columns)
+        before_type = schema[BEFORE_COLUMN].dataType
+        assert isinstance(before_type, StructType)
+        before_struct = F.when(
+            before.isNotNull(),
+            F.struct(
+                *(self._typed_or_null(before, f.name, typed, f.dataType).alias(f.name) for f in before_type.fields)
+            ),
+        )
+        partial = after.isNotNull() & F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))
+        values: dict[str, Column] = {
+            OP_COLUMN: F.col(model.OP),
+            VENDOR_OP_COLUMN: F.col(model.VENDOR_OP),
+            POSITION_COLUMN: apply.effective_order(events),
+            EVENT_TIME_COLUMN: F.col(model.EVENT_TIME),
+            TXN_ID_COLUMN: F.col(model.TXN_ID),
+            KEY_COLUMN: F.when(F.col(model.OP) != TRUNCATE, F.to_json(F.transform(row_keys, lambda k: image[k]))),
+            BEFORE_COLUMN: before_struct,
+            PARTIAL_COLUMN: partial,
+            CAPTURED_COLUMN: F.when(partial, F.array_sort(F.map_keys(after))),
+            TOPIC_COLUMN: F.col(model.TOPIC),
+            PARTITION_COLUMN: F.col(model.PARTITION),
+            OFFSET_COLUMN: F.col(model.OFFSET),
+            SUB_INDEX_COLUMN: F.col(model.SUB_INDEX),
+            BATCH_ID_COLUMN: F.lit(batch_id).cast("bigint"),
+        }
+        source_columns = [
+            (values[f.name] if f.name in values else self._typed_or_null(image, f.name, typed, f.dataType)).alias(
+                f"_c{index}"
+            )
+            for index, f in enumerate(schema.fields)
+        ]
+        alias = {f.name: f"_c{index}" for index, f in enumerate(schema.fields)}
+        identity = [alias[POSITION_COLUMN], alias[SUB_INDEX_COLUMN], alias[KEY_COLUMN]]
+        # Copies of an event inside the batch (re-sends) are logged once: the first received.
+        first = Window.partitionBy(*identity).orderBy(alias[PARTITION_COLUMN], alias[OFFSET_COLUMN])
+        source = (
+            events.select(*source_columns)
+            .withColumn("_copy", F.row_number().over(first))
+            .where(F.col("_copy") == 1)
+            .drop("_copy")
+        )
+
+        def target(name: str) -> Column:
+            return F.col(f"t.{name}")
+
+        def incoming(name: str) -> Column:
+            return F.col(f"s.{alias[name]}")
+
+        condition = (
+            (target(POSITION_COLUMN) == incoming(POSITION_COLUMN))
+            & (target(SUB_INDEX_COLUMN) == incoming(SUB_INDEX_COLUMN))
+            & target(KEY_COLUMN).eqNullSafe(incoming(KEY_COLUMN))
+            # Only rows at or after the batch's oldest event can match: lets Delta skip the older files.
+            & (target(POSITION_COLUMN) >= F.lit(oldest))
+        )
+        insert: dict[str, str | Column] = {quote(f.name): incoming(f.name) for f in schema.fields}
+        (
+            DeltaTable.forPath(self.spark, path)
+            .alias("t")
+            .merge(source.alias("s"), condition)
+            .whenNotMatchedInsert(values=insert)
+            .execute()
+        )
+
+    @staticmethod
+    def _typed_or_null(image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
+        """The image's value of column ``name`` typed like the lake table; NULL for a history column the lake table
+        no longer has."""
+        if name in types:
+            return model.typed_value(image[name], types[name]).cast(data_type)
+        return F.lit(None).cast(data_type)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # SCD2
+
+    def _scd2(self, item: _Work, changes: DataFrame) -> None:
+        """Recomputes the chains of the keys the batch touches and MERGEs the difference (see the module doc)."""
+        columns, oldest, truncates = item.columns, item.oldest, item.truncates
+        path = self.scd2_path(item.plan)
+        schema = self._schemas[path]
+        user = [(f.name, f.dataType) for f in schema.fields if f.name not in {name for name, _ in SCD2_COLUMNS}]
+        types = dict(columns)
+        floor = _position_text(oldest)
+        target_table = DeltaTable.forPath(self.spark, path)
+        stored = target_table.toDF()
+        # Rows closed before the batch's oldest change cannot change: skip their files (statistics on valid_to).
+        open_rows = stored.where(F.col(VALID_TO_COLUMN).isNull() | (F.col(VALID_TO_COLUMN) >= F.lit(floor)))
+
+        stored_events = open_rows.where(F.col(ROW_KEY_COLUMN).isNotNull()).select(
+            F.col(ROW_KEY_COLUMN).alias("_key"),
+            F.col(VALID_FROM_COLUMN).alias("_order"),
+            F.col(OP_COLUMN).alias("_kind"),
+            F.lit(1).alias("_stored"),
+            F.lit(None).cast("int").alias("_partition"),
+            F.lit(None).cast("bigint").alias("_offset"),
+            F.lit(None).cast("int").alias("_sub_index"),
+            F.col(VALID_FROM_TIME_COLUMN).alias("_time"),
+            F.col(VALID_TO_COLUMN).alias("_was_to"),
+            F.col(VALID_TO_TIME_COLUMN).alias("_was_to_time"),
+            F.col(IS_CURRENT_COLUMN).alias("_was_current"),
+            *(F.col(quote(name)).alias(f"_v{i}") for i, (name, _) in enumerate(user)),
+            # A stored row is complete: it sets every column.
+            *(F.lit(True).alias(f"_s{i}") for i in range(len(user))),
+        )
+        # Per key, stored rows matter from the one open at the key's oldest change in the batch (its base image) on;
+        # with a truncate in the batch, every key's rows from the truncate on.
+        first_change = changes.groupBy(F.col(apply.ROW_KEY).alias("_key")).agg(
+            _position_of(F.min(apply.ORDER)).alias("_floor")
+        )
+        if truncates:
+            truncate_floor = F.lit(_position_text(truncates[0][0]))
+            stored_events = stored_events.join(first_change, "_key", "left").withColumn(
+                "_floor", F.least(F.col("_floor"), truncate_floor)
+            )
+        else:
+            stored_events = stored_events.join(first_change, "_key", "inner")
+        stored_events = stored_events.where(F.col("_was_to").isNull() | (F.col("_was_to") >= F.col("_floor"))).drop(
+            "_floor"
+        )
+
+        # Copies of a change (re-sends) count once.
+        unique_changes = changes.dropDuplicates([apply.ROW_KEY, apply.ORDER, apply.KIND, model.SUB_INDEX])
+        image = F.col(apply.IMAGE)
+        full = (F.col(apply.KIND) == apply.UPSERT) & ~F.col(apply.PARTIAL)
+        new_events = unique_changes.select(
+            F.col(apply.ROW_KEY).alias("_key"),
+            F.col(apply.ORDER).alias("_order"),
+            F.col(apply.KIND).alias("_kind"),
+            F.lit(0).alias("_stored"),
+            F.col(model.PARTITION).alias("_partition"),
+            F.col(model.OFFSET).alias("_offset"),
+            F.col(model.SUB_INDEX).alias("_sub_index"),
+            F.col(model.EVENT_TIME).alias("_time"),
+            F.lit(None).cast("string").alias("_was_to"),
+            F.lit(None).cast("timestamp").alias("_was_to_time"),
+            F.lit(None).cast("boolean").alias("_was_current"),
+            *(
+                self._typed_or_null(image, name, types, data_type).alias(f"_v{i}")
+                for i, (name, data_type) in enumerate(user)
+            ),
+            # Full images set every column (absent = NULL); partial ones and delete before images only theirs.
+            *((full | F.map_contains_key(image, F.lit(name))).alias(f"_s{i}") for i, (name, _) in enumerate(user)),
+        )
+
+        # Truncates: the stored markers and the batch's, applied to every key in play.
+        stored_markers = open_rows.where(F.col(ROW_KEY_COLUMN).isNull()).select(
+            F.col(VALID_FROM_COLUMN).alias("_order"), F.col(VALID_FROM_TIME_COLUMN).alias("_time")
+        )
+        batch_markers = self.spark.createDataFrame(list(truncates), "_order string, _time timestamp")
+        markers = stored_markers.unionByName(batch_markers).groupBy("_order").agg(F.min("_time").alias("_time"))
+        keys_in_play = stored_events.select("_key").unionByName(new_events.select("_key")).distinct()
+        marker_events = keys_in_play.crossJoin(F.broadcast(markers)).select(
+            F.col("_key"),
+            F.col("_order"),
+            F.lit(TRUNCATE).alias("_kind"),
+            F.lit(0).alias("_stored"),
+            F.lit(None).cast("int").alias("_partition"),
+            F.lit(None).cast("bigint").alias("_offset"),
+            F.lit(None).cast("int").alias("_sub_index"),
+            F.col("_time"),
+            F.lit(None).cast("string").alias("_was_to"),
+            F.lit(None).cast("timestamp").alias("_was_to_time"),
+            F.lit(None).cast("boolean").alias("_was_current"),
+            *(F.lit(None).cast(data_type).alias(f"_v{i}") for i, (_, data_type) in enumerate(user)),
+            *(F.lit(False).alias(f"_s{i}") for i in range(len(user))),
+        )
+        chain = stored_events.unionByName(new_events).unionByName(marker_events)
+
+        # At equal orders a stored row sorts last and so wins (it is the same change, already complete).
+        by_key = Window.partitionBy("_key").orderBy("_order", "_stored", "_partition", "_offset", "_sub_index")
+        up_to_here = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        before_here = by_key.rowsBetween(Window.unboundedPreceding, -1)
+        kind, order, stored_row = F.col("_kind"), F.col("_order"), F.col("_stored") == 1
+        shown: list[Column] = []
+        for i, (_, data_type) in enumerate(user):
+            value, captured = F.col(f"_v{i}"), F.col(f"_s{i}")
+            # What a change leaves in column i for the next one: an upsert its captured value (a partial image
+            # keeps the previous one), a delete or truncate nothing (a later partial image starts from NULLs).
+            setter = F.when(kind == apply.UPSERT, F.when(captured, F.struct(value.alias("v")))).otherwise(
+                F.struct(F.lit(None).cast(data_type).alias("v"))
+            )
+            state = F.last(setter, ignorenulls=True).over(up_to_here)["v"]
+            previous = F.last(setter, ignorenulls=True).over(before_here)["v"]
+            # A delete shows its before image over the version it ends; a truncate the version it ends.
+            shown.append(F.when(kind == apply.UPSERT, state).when(captured, value).otherwise(previous).alias(f"_r{i}"))
+        next_order = F.lead("_order").over(by_key)
+        last_of_order = next_order.isNull() | (next_order != order)
+        # The first half of a split update (order "<position>/0") followed by its second half is no deletion.
+        replaced_half = (
+            (kind == apply.DELETE) & order.endswith("/0") & (next_order == F.concat(_position_of(order), F.lit("/1")))
+        )
+        # A truncate only ends a live version (its marker row remembers it for the others).
+        ends_nothing = (
+            (kind == TRUNCATE) & ~stored_row & ~F.coalesce(F.lag("_kind").over(by_key) == apply.UPSERT, F.lit(False))
+        )
+        keep = last_of_order & ~replaced_half & ~ends_nothing
+        evaluated = chain.select(
+            "_key",
+            "_order",
+            "_kind",
+            "_stored",
+            "_partition",
+            "_offset",
+            "_sub_index",
+            "_time",
+            "_was_to",
+            "_was_to_time",
+            "_was_current",
+            *shown,
+            keep.alias("_keep"),
+        )
+        following = by_key.rowsBetween(1, Window.unboundedFollowing)
+        next_kept = F.first(
+            F.when(F.col("_keep"), F.struct(F.col("_order").alias("order"), F.col("_time").alias("time"))),
+            ignorenulls=True,
+        ).over(following)
+        valid_to, valid_to_time = next_kept["order"], next_kept["time"]
+        kept, stored_row = F.col("_keep"), F.col("_stored") == 1
+        changed = (
+            ~F.col("_was_to").eqNullSafe(valid_to)
+            | ~F.col("_was_to_time").eqNullSafe(valid_to_time)
+            | ~F.col("_was_current").eqNullSafe(valid_to.isNull())
+        )
+        action = (
+            F.when(kept & ~stored_row, F.lit("I"))
+            .when(kept & stored_row & changed, F.lit("U"))
+            .when(~kept & stored_row, F.lit("D"))
+        )
+        versions = evaluated.select(
+            F.col("_key"),
+            F.col("_order").alias("_valid_from"),
+            valid_to.alias("_valid_to"),
+            F.col("_time").alias("_valid_from_time"),
+            valid_to_time.alias("_valid_to_time"),
+            valid_to.isNull().alias("_is_current"),
+            (F.col("_kind") != apply.UPSERT).alias("_is_deleted"),
+            F.col("_kind"),
+            *(F.col(f"_r{i}") for i in range(len(user))),
+            action.alias("_action"),
+        ).where(F.col("_action").isNotNull())
+        # The batch's truncates as marker rows (a re-sent one matches its stored marker and is left alone).
+        marker_rows = batch_markers.select(
+            F.lit(None).cast("string").alias("_key"),
+            F.col("_order").alias("_valid_from"),
+            F.col("_order").alias("_valid_to"),
+            F.col("_time").alias("_valid_from_time"),
+            F.col("_time").alias("_valid_to_time"),
+            F.lit(False).alias("_is_current"),
+            F.lit(True).alias("_is_deleted"),
+            F.lit(TRUNCATE).alias("_kind"),
+            *(F.lit(None).cast(data_type).alias(f"_r{i}") for i, (_, data_type) in enumerate(user)),
+            F.lit("I").alias("_action"),
+        )
+        source = versions.unionByName(marker_rows)
+
+        condition = (
+            F.col(f"t.{ROW_KEY_COLUMN}").eqNullSafe(F.col("s._key"))
+            & (F.col(f"t.{VALID_FROM_COLUMN}") == F.col("s._valid_from"))
+            # Only rows still open at the batch's oldest change can match: lets Delta skip the older files.
+            & (F.col(f"t.{VALID_TO_COLUMN}").isNull() | (F.col(f"t.{VALID_TO_COLUMN}") >= F.lit(floor)))
+        )
+        closing: dict[str, str | Column] = {
+            VALID_TO_COLUMN: F.col("s._valid_to"),
+            VALID_TO_TIME_COLUMN: F.col("s._valid_to_time"),
+            IS_CURRENT_COLUMN: F.col("s._is_current"),
+        }
+        insert: dict[str, str | Column] = {quote(name): F.col(f"s._r{i}") for i, (name, _) in enumerate(user)}
+        insert.update(
+            {
+                ROW_KEY_COLUMN: F.col("s._key"),
+                VALID_FROM_COLUMN: F.col("s._valid_from"),
+                VALID_TO_COLUMN: F.col("s._valid_to"),
+                VALID_FROM_TIME_COLUMN: F.col("s._valid_from_time"),
+                VALID_TO_TIME_COLUMN: F.col("s._valid_to_time"),
+                IS_CURRENT_COLUMN: F.col("s._is_current"),
+                IS_DELETED_COLUMN: F.col("s._is_deleted"),
+                OP_COLUMN: F.col("s._kind"),
+            }
+        )
+        (
+            target_table.alias("t")
+            .merge(source.alias("s"), condition)
+            .whenMatchedDelete(condition=F.col("s._action") == "D")
+            .whenMatchedUpdate(condition=F.col("s._action") == "U", set=closing)
+            .whenNotMatchedInsert(condition=F.col("s._action") == "I", values=insert)
+            .execute()
+        )
+
+
+def _missing(schema: StructType, wanted: StructType) -> list[tuple[str, DataType]]:
+    """Columns of ``wanted`` that ``schema`` lacks, as (quoted name for ALTER TABLE, type); fields missing from a
+    struct column as ``struct.field``."""
+    have = {f.name.lower(): f for f in schema.fields}
+    missing: list[tuple[str, DataType]] = []
+    for f in wanted.fields:
+        existing = have.get(f.name.lower())
+        if existing is None:
+            missing.append((quote(f.name), f.dataType))
+        elif isinstance(f.dataType, StructType) and isinstance(existing.dataType, StructType):
+            inner = {g.name.lower() for g in existing.dataType.fields}
+            missing += [
+                (f"{quote(f.name)}.{quote(g.name)}", g.dataType)
+                for g in f.dataType.fields
+                if g.name.lower() not in inner
+            ]
+    return missing

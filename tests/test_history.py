@@ -1,0 +1,425 @@
+"""History tables: the SCD2 versions and the changelog equal the source history, in any arrival order, exactly once.
+
+The expected tables are computed here, independently of cdclake, from ``SourceHistory.changes`` (SCD2) and from the
+rendered messages (changelog).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from delta.tables import DeltaTable
+
+from cdclake.config import parse_config
+from cdclake.exceptions import ConfigError
+from cdclake.pipeline import Pipeline, PipelineSettings
+from cdclake.runner import replay, settings_from_config
+from cdclake.sources import files
+from cdclake.workload import Message, SourceHistory
+from cdclake.workload.history import ms_to_datetime
+from tests.e2e.helpers import workload, write_lines
+
+ROW_OPS = ("INSERT", "UPDATE_BEFOR", "UPDATE_AFTER", "DELETE")
+TRUNCATE = "TRUNCATE"
+
+
+def _order(sequence: int, half: int = 1) -> str:
+    """The apply engine's order of a DataWorks change: the sequenceId padded to 24 digits, then the split half."""
+    return f"{sequence:024d}/{half}"
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return value
+
+
+def _identity(spec: Any, image: dict[str, Any] | None, row_id: int | None) -> Any:
+    if spec.primary_key:
+        assert image is not None
+        return tuple(image[k] for k in spec.primary_key)
+    return row_id
+
+
+def _spark_rows(spark, path: str) -> list[dict[str, Any]]:
+    return [row.asDict(recursive=True) for row in spark.read.format("delta").load(path).collect()]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SCD2
+
+
+def expected_scd2(history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+    """Every version of every key, from the source changes: (key, valid_from, valid_to, valid_from_time,
+    valid_to_time, is_current, is_deleted, op, values of the table's final columns)."""
+    chains: dict[tuple[str, str], dict[Any, list[tuple[str, str, datetime, dict[str, Any]]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    live: dict[tuple[str, str], dict[Any, dict[str, Any]]] = defaultdict(dict)
+    for change in history.changes:
+        ident, order = change.table.ident, _order(change.sequence)
+        time = ms_to_datetime(change.event_time_ms)
+        if change.op == "ADD_COLUMN":
+            continue
+        if change.op == TRUNCATE:
+            for key, values in live[ident].items():
+                chains[ident][key].append((TRUNCATE, order, time, values))
+            live[ident].clear()
+            continue
+        key = _identity(change.table, change.after or change.before, change.row_id)
+        if change.op == "DELETE":
+            assert change.before is not None
+            chains[ident][key].append(("DELETE", order, time, change.before))
+            live[ident].pop(key, None)
+        else:
+            assert change.after is not None
+            chains[ident][key].append(("UPSERT", order, time, change.after))
+            live[ident][key] = change.after
+    expected: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for spec in history.tables:
+        names = spec.column_names()
+        rows = []
+        for key, chain in chains[spec.ident].items():
+            for index, (op, order, time, values) in enumerate(chain):
+                following = chain[index + 1] if index + 1 < len(chain) else None
+                rows.append(
+                    (
+                        key,
+                        order,
+                        following[1] if following else None,
+                        time,
+                        following[2] if following else None,
+                        following is None,
+                        op != "UPSERT",
+                        op,
+                        tuple(_norm(values.get(name)) for name in names),
+                    )
+                )
+        expected[spec.ident] = sorted(rows, key=repr)
+    return expected
+
+
+def actual_scd2(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+    actual: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for spec in history.tables:
+        names = spec.column_names()
+        rows = []
+        for row in _spark_rows(spark, f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"):
+            if row["_cdc_row_key"] is None:  # truncate markers, checked separately
+                continue
+            key = tuple(row[k] for k in spec.primary_key) if spec.primary_key else row["_cdc_row_id"]
+            rows.append(
+                (
+                    key,
+                    row["_cdc_valid_from"],
+                    row["_cdc_valid_to"],
+                    _norm(row["_cdc_valid_from_time"]),
+                    _norm(row["_cdc_valid_to_time"]),
+                    row["_cdc_is_current"],
+                    row["_cdc_is_deleted"],
+                    row["_cdc_op"],
+                    tuple(_norm(row[name]) for name in names),
+                )
+            )
+        actual[spec.ident] = sorted(rows, key=repr)
+    return actual
+
+
+def truncate_markers(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+    markers = {}
+    for spec in history.tables:
+        rows = _spark_rows(spark, f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}")
+        markers[spec.ident] = sorted(
+            (r["_cdc_valid_from"], r["_cdc_valid_to"], r["_cdc_is_current"], r["_cdc_is_deleted"], r["_cdc_op"])
+            for r in rows
+            if r["_cdc_row_key"] is None
+        )
+    return markers
+
+
+def assert_scd2_equals_history(spark, lake: str, history: SourceHistory) -> None:
+    expected, actual = expected_scd2(history), actual_scd2(spark, lake, history)
+    for ident in expected:
+        missing = [row for row in expected[ident] if row not in actual[ident]]
+        unexpected = [row for row in actual[ident] if row not in expected[ident]]
+        assert (missing, unexpected) == ([], []), f"{ident}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+    assert sum(len(rows) for rows in actual.values()) > 50
+    truncates = defaultdict(list)
+    for change in history.changes:
+        if change.op == TRUNCATE:
+            order = _order(change.sequence)
+            truncates[change.table.ident].append((order, order, False, True, TRUNCATE))
+    assert truncate_markers(spark, lake, history) == {spec.ident: truncates[spec.ident] for spec in history.tables}
+    # The live rows of the history are the source's final rows.
+    truth = history.truth()
+    for spec in history.tables:
+        current = sorted(
+            (row[-1] for row in actual[spec.ident] if row[5] and not row[6]),
+            key=repr,
+        )
+        assert current == sorted((tuple(_norm(r[n]) for n in spec.column_names()) for r in truth[spec.ident]), key=repr)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Changelog
+
+
+def expected_changelog(messages: list[Message]) -> Counter[tuple[str, str, str, str]]:
+    """(database, table, vendor op, order) of every distinct row or truncate message (re-sends are byte copies)."""
+    seen: set[bytes] = set()
+    expected: Counter[tuple[str, str, str, str]] = Counter()
+    for message in messages:
+        if message.value is None or message.is_malformed or message.value in seen:
+            continue
+        seen.add(message.value)
+        value = json.loads(message.value)
+        op = value["payload"]["op"]
+        if op in (*ROW_OPS, TRUNCATE):
+            source = value["schema"]["source"]
+            order = _order(int(value["payload"]["sequenceId"]), 0 if op == "UPDATE_BEFOR" else 1)
+            expected[(source["dbName"], source["tableName"], op, order)] += 1
+    return expected
+
+
+def assert_changelog_equals_events(spark, lake: str, history: SourceHistory, messages: list[Message]) -> None:
+    by_sequence = {change.sequence: change for change in history.changes}
+    logged: Counter[tuple[str, str, str, str]] = Counter()
+    canonical = {"INSERT": "INSERT", "UPDATE_BEFOR": "UPDATE", "UPDATE_AFTER": "UPDATE", "DELETE": "DELETE"}
+    for spec in history.tables:
+        names = spec.column_names()
+        for row in _spark_rows(spark, f"{lake}/_cdclake/changelog/{spec.database}/{spec.table}"):
+            vendor_op, order = row["_cdc_vendor_op"], row["_cdc_position"]
+            logged[(spec.database, spec.table, vendor_op, order)] += 1
+            change = by_sequence[int(order[:-2])]
+            assert row["_cdc_op"] == canonical.get(vendor_op, vendor_op)
+            assert _norm(row["_cdc_event_time"]) == ms_to_datetime(change.event_time_ms)
+            image = change.after if vendor_op in ("INSERT", "UPDATE_AFTER") else change.before
+            if vendor_op == TRUNCATE:
+                assert row["_cdc_key"] is None
+                assert all(row[name] is None for name in names)
+                continue
+            assert image is not None
+            assert [_norm(row[name]) for name in names] == [_norm(image.get(name)) for name in names], row
+            key = [image[k] for k in spec.primary_key] if spec.primary_key else [change.row_id]
+            assert json.loads(row["_cdc_key"]) == [str(value) for value in key]
+            if not spec.primary_key:
+                assert row["_cdc_row_id"] == change.row_id
+            if row["_cdc_before"] is not None:  # merged updates and deletes carry it, split halves only one side
+                assert change.before is not None
+                assert [_norm(row["_cdc_before"][n]) for n in names] == [_norm(change.before.get(n)) for n in names]
+            assert row["_cdc_after_is_partial"] is False
+    expected = expected_changelog(messages)
+    assert logged == expected
+    assert max(logged.values()) == 1
+    assert sum(logged.values()) > 50
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _split_after_first_half(messages: list[Message]) -> int:
+    """Index just after an UPDATE_BEFOR in the middle of the stream: the halves of that update land in different
+    files (batches)."""
+    middle = len(messages) // 2
+    for index in range(middle, len(messages)):
+        if messages[index].description.startswith("UPDATE_BEFOR") and not messages[index].is_resend:
+            return index + 1
+    raise AssertionError("no split update after the middle of the stream")
+
+
+@pytest.mark.spark
+def test_scd2_and_changelog_equal_the_source_history_across_batches(spark, lake, tmp_path: Path) -> None:
+    """Three batches with failover re-sends (duplicates), deletes and re-inserts, a truncate, an added column,
+    malformed messages, and a split update whose halves land in different batches."""
+    history, messages = workload(seed=21, events=90, update_mode="mixed")
+    assert {"INSERT", "UPDATE", "DELETE", TRUNCATE, "ADD_COLUMN"} <= {change.op for change in history.changes}
+    assert any(message.is_resend for message in messages)
+    cut = _split_after_first_half(messages)
+    first = write_lines(tmp_path / "a.jsonl", messages[:cut])
+    second = write_lines(tmp_path / "b.jsonl", messages[cut:])
+    results = replay(
+        spark,
+        lake=lake,
+        format_name="dataworks-json",
+        paths=[str(first), str(second)],
+        batch_lines=(cut + 1) // 2,
+        changelog=True,
+        scd2=True,
+    )
+    assert len(results) >= 3
+    assert all("history" in result.seconds for result in results)
+    assert_scd2_equals_history(spark, lake, history)
+    assert_changelog_equals_events(spark, lake, history, messages)
+
+
+@pytest.mark.spark
+def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path) -> None:
+    """The newer half of the stream arrives first: every older change lands before the versions already stored
+    (inserts before deletes, updates inside closed versions, the truncate closing later-stored versions, the first
+    half of a split update after its second half)."""
+    history, messages = workload(seed=22, events=90, update_mode="split")
+    cut = _split_after_first_half(messages)
+    newer = write_lines(tmp_path / "newer.jsonl", messages[cut:])
+    older = write_lines(tmp_path / "older.jsonl", messages[:cut])
+    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(newer), str(older)], changelog=True, scd2=True)
+    assert_scd2_equals_history(spark, lake, history)
+    assert_changelog_equals_events(spark, lake, history, messages)
+
+
+@pytest.mark.spark
+def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path) -> None:
+    history, messages = workload(seed=23, events=60, failover_resends=0, malformed=0)
+    path = write_lines(tmp_path / "dw.jsonl", messages)
+    settings = PipelineSettings(
+        lake=lake, app_id="history-test", default_format="dataworks-json", changelog=True, scd2=["crm.customer"]
+    )
+    pipeline = Pipeline(spark, settings)
+    capture = files.read_file(spark, path, 0, "lines")
+    half = capture.count // 2
+    pipeline.process_batch(capture.lines(0, half), 0)
+    pipeline.process_batch(capture.lines(half, capture.count), 1)
+
+    changelogs = [f"{lake}/_cdclake/changelog/{spec.database}/{spec.table}" for spec in history.tables]
+    scd2 = f"{lake}/_cdclake/scd2/crm/customer"
+    assert not DeltaTable.isDeltaTable(spark, f"{lake}/_cdclake/scd2/shop/orders")  # not selected
+
+    def snapshot() -> tuple[list[list[str]], list[int]]:
+        rows = [sorted(map(repr, _spark_rows(spark, path))) for path in [*changelogs, scd2]]
+        versions = [DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] for path in [*changelogs, scd2]]
+        return rows, versions
+
+    rows, versions = snapshot()
+    pipeline.process_batch(capture.lines(half, capture.count), 1)  # the same batch again: Delta skips the commits
+    assert snapshot() == (rows, versions)
+    # Without the idempotent-writer marker, everything again in one batch: the history tables still add nothing.
+    again = Pipeline(spark, replace(settings, app_id="history-test-again"))
+    again.process_batch(capture.lines(0, capture.count), 0, txn=False)
+    assert snapshot()[0] == rows
+    assert_changelog_equals_events(spark, lake, history, messages)
+    customer = list(actual_scd2(spark, lake, history)[("crm", "customer")])
+    assert customer == expected_scd2(history)[("crm", "customer")]
+
+
+def _ogg(op: str, pos: int, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> str:
+    message: dict[str, Any] = {
+        "table": "SALES.ORDERS",
+        "op_type": op,
+        "op_ts": f"2024-03-01 10:{pos // 100:02d}:00.000000",
+        "current_ts": "2024-03-01T11:00:00.000000",
+        "pos": f"{pos:020d}",
+        "primary_keys": ["ORDER_ID"],
+    }
+    if before is not None:
+        message["before"] = before
+    if after is not None:
+        message["after"] = after
+    return json.dumps(message)
+
+
+@pytest.mark.spark
+def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path) -> None:
+    """OGG compressed updates carry the key and the changed columns only; a key-only delete shows the row it ends."""
+    first = tmp_path / "first.jsonl"
+    first.write_text(
+        _ogg("I", 100, after={"ORDER_ID": 1, "CUSTOMER": "A", "AMOUNT": 10.5, "NOTE": "n1"})
+        + "\n"
+        + _ogg("U", 300, before={"ORDER_ID": 1}, after={"ORDER_ID": 1, "AMOUNT": 11.75})
+        + "\n"
+    )
+    second = tmp_path / "second.jsonl"
+    second.write_text(
+        _ogg("U", 700, after={"ORDER_ID": 1, "NOTE": None})
+        + "\n"
+        + _ogg("U", 300, before={"ORDER_ID": 1}, after={"ORDER_ID": 1, "AMOUNT": 11.75})  # re-sent
+        + "\n"
+        + _ogg("D", 800, before={"ORDER_ID": 1})
+        + "\n"
+        + _ogg("I", 900, after={"ORDER_ID": 1, "CUSTOMER": "B", "AMOUNT": 1.0, "NOTE": "x"})
+        + "\n"
+        + _ogg("U", 950, after={"ORDER_ID": 1, "CUSTOMER": "C"})
+        + "\n"
+    )
+    replay(
+        spark, lake=lake, format_name="ogg-json", paths=[str(first), str(second)], changelog=True, scd2=["SALES.ORDERS"]
+    )
+    rows = spark.read.format("delta").load(f"{lake}/_cdclake/scd2/SALES/ORDERS").orderBy("_cdc_valid_from").collect()
+    versions = [
+        (
+            r["ORDER_ID"],
+            r["CUSTOMER"],
+            r["AMOUNT"],
+            r["NOTE"],
+            int(r["_cdc_valid_from"][:-2]),
+            r["_cdc_valid_to"] and int(r["_cdc_valid_to"][:-2]),
+            r["_cdc_is_current"],
+            r["_cdc_is_deleted"],
+            r["_cdc_op"],
+        )
+        for r in rows
+    ]
+    assert versions == [
+        (1, "A", 10.5, "n1", 100, 300, False, False, "UPSERT"),
+        (1, "A", 11.75, "n1", 300, 700, False, False, "UPSERT"),
+        (1, "A", 11.75, None, 700, 800, False, False, "UPSERT"),
+        (1, "A", 11.75, None, 800, 900, False, True, "DELETE"),
+        (1, "B", 1.0, "x", 900, 950, False, False, "UPSERT"),
+        (1, "C", 1.0, "x", 950, None, True, False, "UPSERT"),
+    ]
+    changelog = spark.read.format("delta").load(f"{lake}/_cdclake/changelog/SALES/ORDERS")
+    logged = [
+        (int(r["_cdc_position"][:-2]), r["_cdc_op"], r["_cdc_after_is_partial"], r["_cdc_after_columns"], r["AMOUNT"])
+        for r in changelog.orderBy("_cdc_position").collect()
+    ]
+    assert logged == [
+        (100, "INSERT", False, None, 10.5),
+        (300, "UPDATE", True, ["AMOUNT", "ORDER_ID"], 11.75),
+        (700, "UPDATE", True, ["NOTE", "ORDER_ID"], None),
+        (800, "DELETE", False, None, None),
+        (900, "INSERT", False, None, 1.0),
+        (950, "UPDATE", True, ["CUSTOMER", "ORDER_ID"], None),
+    ]
+
+
+def test_history_config_selects_tables_and_names_the_fix() -> None:
+    base = {"lake": "/data/lake", "kafka": {"bootstrap_servers": "b:9092", "topics": ["t"]}, "format": "dataworks-json"}
+    assert settings_from_config(parse_config(base), "app").changelog is False
+    config = parse_config({**base, "history": {"changelog": True, "scd2": ["crm.customer", "SALES.HR.EMP"]}})
+    settings = settings_from_config(config, "app")
+    assert settings.changelog is True
+    assert list(settings.scd2) == ["crm.customer", "SALES.HR.EMP"]
+    for history, key in (
+        ({"changelog": "crm.customer"}, "history.changelog"),
+        ({"scd2": ["crm..customer"]}, "history.scd2"),
+        ({"scd": True}, "history.scd"),
+        ("yes", "history"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config({**base, "history": history})
+        assert info.value.key == key
+        assert "spelling" in info.value.fix or "history: {changelog: true, scd2: [crm.customer]}" in info.value.fix
+
+
+def test_table_selection_by_database_schema_or_table_name() -> None:
+    from cdclake.apply import TablePlan
+    from cdclake.sinks.history import is_selected
+
+    oracle = TablePlan("x", "ORCL", "SALES", "EMP", [], [])
+    mysql = TablePlan("y", "crm", None, "customer", [], [])
+    assert is_selected(True, oracle)
+    assert not is_selected(False, oracle)
+    assert not is_selected([], oracle)
+    assert all(is_selected([name], oracle) for name in ("EMP", "ORCL.EMP", "SALES.EMP", "ORCL.SALES.EMP"))
+    assert not is_selected(["crm.EMP", "ORCL.SALES.X"], oracle)
+    assert is_selected(["crm.customer"], mysql)
+    assert not is_selected(["shop.customer"], mysql)
