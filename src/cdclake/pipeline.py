@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +49,9 @@ class PipelineSettings:
         keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
+        dead_letter_handler: when set, receives each batch's dead-letter rows (the ``dead_letters`` columns) instead
+            of the ``dead_letters`` table; ``cdclake dlq replay`` records messages that fail again as replay
+            outcomes, so one message is never dead-lettered twice.
     """
 
     lake: str
@@ -60,6 +63,7 @@ class PipelineSettings:
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
     merge_threads: int = 4
+    dead_letter_handler: Callable[[DataFrame], None] | None = None
 
 
 @dataclass
@@ -280,6 +284,9 @@ class Pipeline:
             F.col(model.RAW_KEY).alias("key"),
             F.col(model.RAW_VALUE).alias("value"),
         ).dropDuplicates(["topic", "partition", "offset"])
+        if self.settings.dead_letter_handler is not None:
+            self.settings.dead_letter_handler(rows)
+            return
         self.sink.append(DEAD_LETTERS, rows, txn)
 
     def _schema_changes(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
