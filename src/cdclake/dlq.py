@@ -42,9 +42,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cdclake import model
-from cdclake.exceptions import ConfigError
+from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import get_format
-from cdclake.pipeline import DEAD_LETTERS, Pipeline, PipelineSettings
+from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks.delta import DeltaSink
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,8 @@ def _states(sink: DeltaSink) -> DataFrame | None:
 def _selected(sink: DeltaSink, filters: DeadLetterFilter, *, include_resolved: bool) -> DataFrame | None:
     states = _states(sink)
     if states is None:
+        if sink.read_system(PROGRESS) is None:  # nothing was ever applied here: most likely a wrong --lake
+            raise InputError(f"no cdclake lake at {sink.lake} (it has no _cdclake/progress table); check --lake")
         return None
     matching = states.where(filters.condition())
     return matching if include_resolved else matching.where(F.col("resolved_at").isNull())
