@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,6 +68,9 @@ class PipelineSettings:
             the format's position (see :func:`cdclake.apply.sequenced`).
         changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
         scd2: tables that get an SCD type 2 history table (same selection rules).
+        dead_letter_handler: when set, receives each batch's dead-letter rows (the ``dead_letters`` columns) instead
+            of the ``dead_letters`` table; ``cdclake dlq replay`` records messages that fail again as replay
+            outcomes, so one message is never dead-lettered twice.
     """
 
     lake: str
@@ -84,6 +87,7 @@ class PipelineSettings:
     sequence_by: Mapping[str, str] = field(default_factory=dict)
     changelog: history.TableSelection = False
     scd2: history.TableSelection = False
+    dead_letter_handler: Callable[[DataFrame], None] | None = None
 
 
 @dataclass
@@ -358,6 +362,9 @@ class Pipeline:
             F.col(model.RAW_KEY).alias("key"),
             F.col(model.RAW_VALUE).alias("value"),
         ).dropDuplicates(["topic", "partition", "offset"])
+        if self.settings.dead_letter_handler is not None:
+            self.settings.dead_letter_handler(rows)
+            return
         self.sink.append(DEAD_LETTERS, rows, txn)
 
     def _schema_changes(

@@ -1,4 +1,4 @@
-"""``cdclake run | replay | formats``.
+"""``cdclake run | replay | status | formats | dlq list | dlq replay``.
 
 Exit codes: 0 success; 1 a cdclake error (bad config, unreadable input, missing jars), with its message on
 stderr; 2 bad command-line usage.
@@ -6,17 +6,26 @@ stderr; 2 bad command-line usage.
 
 from __future__ import annotations
 
+import base64
 import logging
 import sys
-from typing import Annotated
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cdclake.exceptions import CdclakeError, InputError
+from cdclake.exceptions import CdclakeError, ConfigError, InputError
+
+if TYPE_CHECKING:
+    from cdclake.dlq import DeadLetter, DeadLetterFilter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Land CDC streams from Kafka in Delta Lake.")
+dlq_app = typer.Typer(
+    no_args_is_help=True, help="Dead letters: list them, and re-apply them once the cause is fixed (each at most once)."
+)
+app.add_typer(dlq_app, name="dlq")
 out = Console()
 err = Console(stderr=True)
 
@@ -30,6 +39,18 @@ def _parse_keys(values: list[str]) -> dict[str, list[str]]:
             raise InputError(f"--keys {value!r}: expected db.table=col1,col2")
         keys[table.strip()] = names
     return keys
+
+
+def _parse_options(values: list[str]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(
+                "--option", f"{value!r} is not name=value", "write --option name=value (`cdclake formats` lists them)"
+            )
+        options[name.strip()] = setting
+    return options
 
 
 @app.command()
@@ -138,6 +159,169 @@ def run(
         )
 
     run_stream(spark, cfg, until_caught_up=until_caught_up, on_batch=report)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cdclake dlq
+
+LakeOption = Annotated[str, typer.Option(help="Lake directory.")]
+PipelineOption = Annotated[
+    str | None, typer.Option("--pipeline", help="Only dead letters recorded by this pipeline (`replay`: file replays).")
+]
+TopicOption = Annotated[str | None, typer.Option("--topic", help="Only this Kafka topic (file replays: the file).")]
+TableOption = Annotated[str | None, typer.Option("--table", help="Only this source table: table or database.table.")]
+ReasonOption = Annotated[
+    str | None, typer.Option("--reason", help="Only dead letters whose reason contains this text (any case).")
+]
+SinceOption = Annotated[
+    str | None,
+    typer.Option("--since", help="Only dead letters recorded at or after this ISO date or time (UTC unless offset)."),
+]
+
+
+def _dead_letter_filter(
+    pipeline: str | None, topic: str | None, table: str | None, reason: str | None, since: str | None
+) -> DeadLetterFilter:
+    from cdclake.dlq import DeadLetterFilter
+
+    since_time = None
+    if since is not None:
+        try:
+            since_time = datetime.fromisoformat(since)
+        except ValueError:
+            raise ConfigError(
+                "--since",
+                f"{since!r} is not an ISO date or date-time",
+                "write e.g. --since 2024-03-01 or --since 2024-03-01T10:00:00+08:00",
+            ) from None
+    return DeadLetterFilter(pipeline=pipeline, topic=topic, table=table, reason=reason, since=since_time)
+
+
+def _raw_text(raw: bytes | None) -> str:
+    """A raw key or value for the terminal: its UTF-8 text, or base64 when it is binary."""
+    if raw is None:
+        return "-"
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(raw).decode("ascii")
+
+
+def _state(dead_letter: DeadLetter) -> str:
+    if dead_letter.resolved_at is not None:
+        return f"resolved {dead_letter.resolved_at:%Y-%m-%d %H:%M:%S}"
+    if dead_letter.failed_replays:
+        return f"unresolved ({dead_letter.failed_replays} replays failed)"
+    return "unresolved"
+
+
+@dlq_app.command("list")
+def dlq_list(
+    lake: LakeOption,
+    pipeline: PipelineOption = None,
+    topic: TopicOption = None,
+    table: TableOption = None,
+    reason: ReasonOption = None,
+    since: SinceOption = None,
+    include_resolved: Annotated[bool, typer.Option("--all", help="Also list resolved dead letters.")] = False,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+    show_value: Annotated[bool, typer.Option(help="Also show the raw key and value.")] = False,
+) -> None:
+    """Dead letters in message order, with the newest reason and whether a replay applied them."""
+    from cdclake.dlq import list_dead_letters
+
+    filters = _dead_letter_filter(pipeline, topic, table, reason, since)
+    listing = list_dead_letters(_session(), lake, filters, include_resolved=include_resolved, limit=limit)
+    if not listing.matched:
+        out.print(f"no {'' if include_resolved else 'unresolved '}dead letters match in {lake}")
+        return
+    columns = ["topic", "partition", "offset", "format", "table", "reason", "recorded at", "state"]
+    grid = Table(*columns, *(["key", "value"] if show_value else []))
+    for dead in listing.dead_letters:
+        cells = [
+            dead.topic,
+            str(dead.partition),
+            str(dead.offset),
+            dead.format or "-",
+            ".".join(p for p in (dead.database, dead.table) if p) or "-",
+            dead.reason,
+            f"{dead.recorded_at:%Y-%m-%d %H:%M:%S}",
+            _state(dead),
+        ]
+        grid.add_row(*cells, *([_raw_text(dead.key), _raw_text(dead.value)] if show_value else []))
+    out.print(grid)
+    shown = "" if listing.matched == len(listing.dead_letters) else f"; first {len(listing.dead_letters)} shown"
+    out.print(f"{listing.matched} dead letters, {listing.unresolved} unresolved{shown}")
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    lake: LakeOption,
+    format_name: Annotated[
+        str | None,
+        typer.Option("--format", help="Decode with this format instead of the one that read each dead letter."),
+    ] = None,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option(help="Key columns for a table whose messages carry none: db.table=c1,c2 (as the pipeline's)."),
+    ] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
+    ] = None,
+    pipeline: PipelineOption = None,
+    topic: TopicOption = None,
+    table: TableOption = None,
+    reason: ReasonOption = None,
+    since: SinceOption = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Only decode and report what would go through and what still fails; write nothing.")
+    ] = False,
+) -> None:
+    """Decode unresolved dead letters again and apply them like any batch; each is applied at most once."""
+    from cdclake.dlq import replay_dead_letters
+    from cdclake.formats import get_format
+
+    key_map = _parse_keys(keys or [])
+    options = _parse_options(option or [])
+    if format_name is not None:
+        get_format(format_name)
+    filters = _dead_letter_filter(pipeline, topic, table, reason, since)
+    with out.status("replaying dead letters..."):
+        report = replay_dead_letters(
+            _session(),
+            lake,
+            format_name=format_name,
+            keys=key_map,
+            format_options=options,
+            filters=filters,
+            dry_run=dry_run,
+        )
+    if not report.selected:
+        out.print(f"no unresolved dead letters match in {lake}")
+        return
+    if report.failures:
+        failed = Table("topic", "partition", "offset", "still failing because")
+        for failure in report.failures[:50]:
+            failed.add_row(failure.topic, str(failure.partition), str(failure.offset), failure.reason)
+        out.print(failed)
+        if len(report.failures) > 50:
+            out.print(f"... and {len(report.failures) - 50} more (cdclake dlq list --lake {lake})")
+    if report.changes:
+        changed = Table("lake table", "row changes applied")
+        for path in sorted(report.changes):
+            changed.add_row(path.removeprefix(lake.rstrip("/") + "/"), str(report.changes[path]))
+        out.print(changed)
+    formats_used = ", ".join(f"{name}: {count}" for name, count in sorted(report.formats.items()))
+    if dry_run:
+        out.print(
+            f"dry run ({formats_used}): {report.selected} dead letters, {report.applied} would decode, "
+            f"{len(report.failures)} still fail to decode; nothing written"
+        )
+    else:
+        out.print(
+            f"{report.replay_id} ({formats_used}): {report.selected} dead letters, {report.applied} applied, "
+            f"{len(report.failures)} failed again"
+        )
 
 
 def _session(conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

@@ -383,3 +383,14 @@ class DeltaSink:
     def read_system(self, name: str) -> DataFrame | None:
         path = self.system_path(name)
         return self.spark.read.format("delta").load(path) if self._exists(path) else None
+
+    def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
+        """The key columns the table was created with (``cdclake.keyColumns``); None when the table does not exist
+        or recorded none."""
+        path = self.table_path(database, schema, table)
+        if not self._exists(path):
+            return None
+        detail = DeltaTable.forPath(self.spark, path).detail().select("properties").first()
+        properties = (detail[0] if detail is not None else None) or {}
+        keys = [name for name in str(properties.get("cdclake.keyColumns", "")).split(",") if name]
+        return keys or None

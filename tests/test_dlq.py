@@ -1,0 +1,263 @@
+"""`cdclake dlq list | replay`: dead letters re-applied after a fix, each at most once, never over newer rows."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cdclake import dlq
+from cdclake.cli.main import app
+from cdclake.devtools.verify import compare_table, describe, read_table
+from cdclake.dlq import DeadLetterFilter, list_dead_letters, replay_dead_letters
+from cdclake.exceptions import ConfigError, InputError
+from cdclake.runner import replay
+from tests.e2e.test_format_replay import typed
+from tests.formats.golden import CASES, message_bytes, read_jsonl
+
+pytestmark = pytest.mark.spark
+
+MISFIT = "value of column qty (declared string) does not fit the lake table's type bigint"
+
+
+def stock(op: str, seq: int, before: dict[str, Any] | None, after: dict[str, Any] | None, qty_type: str) -> str:
+    """A DataWorks message for inv.stock, whose messages carry no primary key (the pipeline configures `code`)."""
+    columns = [{"name": "code", "type": "STRING"}, {"name": "qty", "type": qty_type}]
+    source = {"dbType": "MySQL", "dbName": "inv", "schemaName": None, "tableName": "stock"}
+    payload = {
+        "before": before and {"dataColumn": before},
+        "after": after and {"dataColumn": after},
+        "sequenceId": str(seq),
+        "op": op,
+        "timestamp": {"eventTime": 1709288131000 + seq},
+        "ddl": None,
+    }
+    message = {"schema": {"dataColumn": columns, "primaryKey": None, "source": source}, "payload": payload}
+    return json.dumps({**message, "version": "1.0.0"})
+
+
+def replay_lines(spark, lake: str, path: Path, lines: list[str]) -> None:  # type: ignore[no-untyped-def]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], keys={"inv.stock": ["code"]})
+
+
+def widen_qty_to_string(spark, lake: str) -> None:  # type: ignore[no-untyped-def]
+    """The operator's fix for the misfits: the lake column becomes a string, as the source column did."""
+    path = f"{lake}/inv/stock"
+    table = spark.read.format("delta").load(path)
+    widened = table.withColumn("qty", table["qty"].cast("string"))
+    widened.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+
+def stock_rows(lake: str) -> list[tuple[str, str]]:
+    return sorted((row["code"], str(row["qty"])) for row in read_table(f"{lake}/inv/stock"))
+
+
+def misfit_lake(spark, lake: str, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """inv.stock with a, b, c (qty bigint); then the source column became text: two updates do not fit and are
+    dead letters, with one message that is not JSON at all. Returns the capture file holding the dead letters."""
+    replay_lines(
+        spark,
+        lake,
+        tmp_path / "1-initial.jsonl",
+        [
+            stock("INSERT", 1, None, {"code": "a", "qty": 1}, "LONG"),
+            stock("INSERT", 2, None, {"code": "b", "qty": 2}, "LONG"),
+            stock("INSERT", 3, None, {"code": "c", "qty": 3}, "LONG"),
+        ],
+    )
+    failing = tmp_path / "2-text-qty.jsonl"
+    replay_lines(
+        spark,
+        lake,
+        failing,
+        [
+            stock("UPDATE_AFTER", 4, {"code": "a", "qty": "1"}, {"code": "a", "qty": "one dozen"}, "STRING"),
+            stock("UPDATE_AFTER", 5, {"code": "b", "qty": "2"}, {"code": "b", "qty": "two dozen"}, "STRING"),
+            '{"schema": {"dataColumn": [',
+        ],
+    )
+    return failing
+
+
+def outcomes(spark, lake: str) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+    rows = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letter_replays").collect()
+    return sorted((row["offset"], row["outcome"]) for row in rows)
+
+
+def test_misfits_replayed_after_the_fix_apply_once_and_never_over_newer_rows(spark, lake, tmp_path: Path) -> None:
+    failing = misfit_lake(spark, lake, tmp_path)
+    assert stock_rows(lake) == [("a", "1"), ("b", "2"), ("c", "3")]
+    listed = list_dead_letters(spark, lake)
+    assert (listed.matched, listed.unresolved) == (3, 3)
+    assert [(d.topic, d.offset, d.table) for d in listed.dead_letters] == [
+        (str(failing), 0, "stock"),
+        (str(failing), 1, "stock"),
+        (str(failing), 2, None),
+    ]
+    assert [d.reason for d in listed.dead_letters[:2]] == [MISFIT, MISFIT]
+
+    widen_qty_to_string(spark, lake)
+    # The source goes on: `a` changes again and lands before anyone replays the dead letters.
+    replay_lines(
+        spark,
+        lake,
+        tmp_path / "3-after-fix.jsonl",
+        [stock("UPDATE_AFTER", 6, {"code": "a", "qty": "1"}, {"code": "a", "qty": "thirteen"}, "STRING")],
+    )
+
+    # No --keys: the table's recorded key `code` is used, so the old update of `a` meets the newer row (and the gate
+    # keeps it) instead of adding a second `a` row under a full-image key.
+    report = replay_dead_letters(spark, lake)
+    assert (report.selected, report.applied, report.formats) == (3, 2, {"dataworks-json": 3})
+    assert [(f.offset, f.reason.startswith("malformed")) for f in report.failures] == [(2, True)]
+    assert stock_rows(lake) == [("a", "thirteen"), ("b", "two dozen"), ("c", "3")]
+
+    still = list_dead_letters(spark, lake)
+    assert [(d.offset, d.failed_replays, d.resolved) for d in still.dead_letters] == [(2, 1, False)]
+    everything = list_dead_letters(spark, lake, include_resolved=True)
+    assert [(d.offset, d.resolved) for d in everything.dead_letters] == [(0, True), (1, True), (2, False)]
+    assert (everything.matched, everything.unresolved) == (3, 1)
+
+    again = replay_dead_letters(spark, lake)
+    assert (again.selected, again.applied, [f.offset for f in again.failures]) == (1, 0, [2])
+    assert stock_rows(lake) == [("a", "thirteen"), ("b", "two dozen"), ("c", "3")]
+    # Failing again never adds a dead letter: the message stays listed once, with its count of failed replays.
+    assert spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").count() == 3
+    assert [(d.offset, d.failed_replays) for d in list_dead_letters(spark, lake).dead_letters] == [(2, 2)]
+    assert outcomes(spark, lake) == [(0, "applied"), (1, "applied"), (2, "failed"), (2, "failed")]
+
+
+def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spark, lake, tmp_path: Path) -> None:
+    """Qlik Avro data messages read without the data schema option are dead letters until it is given."""
+    folder = CASES / "qlik-avro" / "replay"
+    settings = json.loads((folder / "options.json").read_text())
+    values = [value for _, value in map(message_bytes, read_jsonl(folder / "input.jsonl")) if value is not None]
+    capture = tmp_path / "qlik.b64"
+    capture.write_text("".join(base64.b64encode(v).decode() + "\n" for v in values))
+    replay(spark, lake=lake, format_name="qlik-avro", paths=[str(capture)], encoding="b64")
+    first = list_dead_letters(spark, lake)
+    assert first.unresolved == len(values) == 6
+    assert all("no data schema configured" in d.reason for d in first.dead_letters)
+
+    dry = replay_dead_letters(spark, lake, format_name="qlik-json", dry_run=True)
+    assert (dry.selected, dry.applied, len(dry.failures)) == (6, 0, 6)
+    assert list_dead_letters(spark, lake).dead_letters == first.dead_letters  # a dry run writes nothing
+
+    wrong = replay_dead_letters(spark, lake, format_name="qlik-json")
+    assert (wrong.applied, len(wrong.failures)) == (0, 6)
+    new_reason = wrong.failures[0].reason
+    assert "no data schema" not in new_reason
+    listed = list_dead_letters(spark, lake)
+    assert [d.offset for d in listed.dead_letters] == list(range(6))  # each once
+    assert {d.reason for d in listed.dead_letters} == {f.reason for f in wrong.failures}
+    assert spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").count() == 6
+
+    fixed = replay_dead_letters(
+        spark, lake, keys=settings["keys"], format_options=settings["format_options"], filters=DeadLetterFilter()
+    )
+    assert (fixed.selected, fixed.applied, fixed.failures, fixed.formats) == (6, 6, [], {"qlik-avro": 6})
+    expected = json.loads((folder / "expected.json").read_text(encoding="utf-8"))["SALES/T"]
+    result = compare_table(f"{lake}/SALES/T", "SALES/T", [{k: typed(v) for k, v in row.items()} for row in expected])
+    assert result.ok, describe([result])
+
+    second = replay_dead_letters(spark, lake, keys=settings["keys"], format_options=settings["format_options"])
+    assert (second.selected, second.applied) == (0, 0)
+    result = compare_table(f"{lake}/SALES/T", "SALES/T", [{k: typed(v) for k, v in row.items()} for row in expected])
+    assert result.ok, describe([result])
+    assert list_dead_letters(spark, lake).matched == 0
+
+
+def test_crash_between_applying_and_recording_re_applies_harmlessly(
+    spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    misfit_lake(spark, lake, tmp_path)
+    widen_qty_to_string(spark, lake)
+
+    def crash(*_args: object) -> None:
+        raise RuntimeError("killed before the outcomes were written")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(dlq, "_record_outcomes", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            replay_dead_letters(spark, lake, filters=DeadLetterFilter(reason="does not fit"))
+    assert stock_rows(lake) == [("a", "one dozen"), ("b", "two dozen"), ("c", "3")]
+    assert list_dead_letters(spark, lake).unresolved == 3  # nothing recorded: they are replayed again
+
+    report = replay_dead_letters(spark, lake, filters=DeadLetterFilter(reason="does not fit"))
+    assert (report.selected, report.applied, report.failures) == (2, 2, [])
+    assert stock_rows(lake) == [("a", "one dozen"), ("b", "two dozen"), ("c", "3")]
+    assert outcomes(spark, lake) == [(0, "applied"), (1, "applied")]
+
+
+def test_filters(spark, lake, tmp_path: Path) -> None:
+    failing = misfit_lake(spark, lake, tmp_path)
+
+    def offsets(**criteria: Any) -> list[int]:
+        return [d.offset for d in list_dead_letters(spark, lake, DeadLetterFilter(**criteria)).dead_letters]
+
+    assert offsets(topic=str(failing)) == [0, 1, 2]
+    assert offsets(topic="other") == []
+    assert offsets(table="inv.stock") == offsets(table="stock") == [0, 1]
+    assert offsets(reason="MALFORMED") == [2]
+    assert offsets(pipeline="replay") == [0, 1, 2]
+    assert offsets(pipeline="orders-cdc") == []
+    assert offsets(since=datetime.now(UTC) - timedelta(hours=1)) == [0, 1, 2]
+    assert offsets(since=datetime.now(UTC) + timedelta(hours=1)) == []
+    listing = list_dead_letters(spark, lake, limit=1)
+    assert (len(listing.dead_letters), listing.matched) == (1, 3)
+
+    with pytest.raises(InputError, match="no cdclake lake"):
+        list_dead_letters(spark, str(tmp_path / "not-a-lake"))
+
+    # Options belong to one format: with dead letters of two formats selected, the replay must be told which.
+    maxwell = tmp_path / "maxwell.jsonl"
+    maxwell.write_text("not json either\n", encoding="utf-8")
+    replay(spark, lake=lake, format_name="maxwell-json", paths=[str(maxwell)])
+    assert offsets(topic=str(maxwell)) == [0]
+    with pytest.raises(ConfigError, match=r"'--option'.*several formats \(dataworks-json, maxwell-json\)"):
+        replay_dead_letters(spark, lake, format_options={"database": "inv"})
+
+
+def test_cli_list_and_replay(spark, lake, tmp_path: Path) -> None:
+    misfit_lake(spark, lake, tmp_path)
+    runner = CliRunner(env={"COLUMNS": "1000"})  # one table row per line, whatever the terminal
+
+    listed = runner.invoke(app, ["dlq", "list", "--lake", lake, "--show-value"])
+    assert listed.exit_code == 0, listed.output
+    assert "3 dead letters, 3 unresolved" in listed.output
+    assert "does not fit" in listed.output
+    assert "one dozen" in listed.output  # the raw value
+    limited = runner.invoke(app, ["dlq", "list", "--lake", lake, "--reason", "malformed", "--limit", "1"])
+    assert "1 dead letters, 1 unresolved" in limited.output
+
+    dry = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "3 dead letters, 2 would decode, 1 still fail to decode; nothing written" in dry.output
+
+    widen_qty_to_string(spark, lake)
+    done = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--keys", "inv.stock=code"])
+    assert done.exit_code == 0, done.output
+    assert "3 dead letters, 2 applied, 1 failed again" in done.output
+    assert "inv/stock" in done.output
+    assert stock_rows(lake) == [("a", "one dozen"), ("b", "two dozen"), ("c", "3")]
+
+    after = runner.invoke(app, ["dlq", "list", "--lake", lake, "--all"])
+    assert "3 dead letters, 1 unresolved" in after.output
+    assert after.output.count("resolved 20") == 2
+    assert "1 replays failed" in after.output
+    nothing = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--table", "inv.stock"])
+    assert "no unresolved dead letters match" in nothing.output
+
+    bad_option = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--option", "data_schema"])
+    assert isinstance(bad_option.exception, ConfigError)
+    assert "config error at '--option'" in str(bad_option.exception)
+    assert "Fix: write --option name=value" in str(bad_option.exception)
+    bad_since = runner.invoke(app, ["dlq", "list", "--lake", lake, "--since", "yesterday"])
+    assert isinstance(bad_since.exception, ConfigError)
+    assert "'--since'" in str(bad_since.exception)
