@@ -113,9 +113,12 @@ def expected_scd2(history: SourceHistory) -> dict[tuple[str, str], list[tuple[An
 def actual_scd2(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
     actual: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
     for spec in history.tables:
+        path = f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"
+        if not DeltaTable.isDeltaTable(spark, path):  # table not selected for SCD2
+            continue
         names = spec.column_names()
         rows = []
-        for row in _spark_rows(spark, f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"):
+        for row in _spark_rows(spark, path):
             if row["_cdc_row_key"] is None:  # truncate markers, checked separately
                 continue
             key = tuple(row[k] for k in spec.primary_key) if spec.primary_key else row["_cdc_row_id"]

@@ -92,7 +92,8 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
     value = F.element_at(image, column)
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: c["name"] == column), 0)["spark_type"]
-    numeric = F.lpad((value.try_cast("decimal(38,0)") + F.lit(10**20)).cast("string"), 24, "0")
+    shift = F.lit(str(10**20)).cast("decimal(38,0)")  # Py4J cannot pass a Python int beyond 64 bits
+    numeric = F.lpad((value.try_cast("decimal(38,0)") + shift).cast("string"), 24, "0")
     text = F.when(declared.isin(*_INTEGRAL_TYPES), numeric).otherwise(value)
     base = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
