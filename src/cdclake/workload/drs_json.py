@@ -59,6 +59,7 @@ from cdclake.workload._canal_family import (
     java_double_text,
     lake_truth,
     mysql_ddl,
+    mysql_lake_value,
     mysql_timestamp_columns,
     mysql_type,
     postgres_double_text,
@@ -136,8 +137,8 @@ def render_drs_mysql(history: SourceHistory, options: RenderOptions, seed: int, 
             "pkNames": list(table.primary_key) or None,
         }
         if is_ddl(change):
-            value.update(mysqlType=None, type="DDL", isDdl=True, sql=mysql_ddl(change, timestamp_columns), sqlType=None)
-            value.update(data=None, old=None, pkNames=None)
+            sql = mysql_ddl(change, timestamp_columns)
+            value.update(mysqlType=None, type="DDL", isDdl=True, sql=sql, sqlType=None, pkNames=None)
         elif change.op == "DELETE" and variant == "jsonc":
             # drs.md section 3: JSON-C puts the deleted row in data (JSON: in old).
             value["data"], value["old"] = value["old"], None
@@ -160,11 +161,9 @@ def render_drs_mysql(history: SourceHistory, options: RenderOptions, seed: int, 
     stream = _render(history, options, seed, message, corrupt, malformed_kinds)
 
     def lake_value(table: TableSpec, column: Column, value: Any) -> Any:
-        if column.kind == "boolean":
-            return int(value)  # TINYINT(1)
         if variant == "jsonc" and column.kind == "timestamp" and is_timestamp(table, column):
             return value.replace(microsecond=0)
-        return value
+        return mysql_lake_value(table, column, value)
 
     return RenderedStream(
         stream.messages,
