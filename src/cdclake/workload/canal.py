@@ -1,7 +1,8 @@
 """Renders a :class:`~cdclake.workload.history.SourceHistory` as open-source Canal flat messages (``canal-json``,
 ``shared/formats/canal.md``) and as DTS Canal JSON (``dts-canal-json``, ``shared/formats/dts.md`` section 2).
 
-The source is MySQL (Canal and DTS read the binlog). Per message, as the vendor writes it:
+The source is MySQL (Canal and DTS read the binlog); the history's Oracle tables (``HistoryConfig.oracle_tables``)
+are rendered as MySQL tables of the same names. Per message, as the vendor writes it:
 
 * Canal: one message per binlog rows event: consecutive rows of one table and one operation inside a transaction
   share a message (``data`` / ``old`` arrays, canal.md section 1); keys sorted (fastjson); ``mysqlType`` with

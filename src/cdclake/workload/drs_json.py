@@ -15,7 +15,8 @@ DATETIME = 94; integers as text, double as Java ``Double.toString``, binaries as
 0]``), booleans as TINYINT(1) ``"1"``/``"0"``; ``timestamp`` columns as DATETIME text ``yyyy-MM-dd HH:mm:ss.SSS``
 (UTC wall clock), or as TIMESTAMP when every value fits its 1970-2038 range: epoch seconds ``"1709288131.250"``
 (JSON), ``yyyy-MM-dd HH:mm:ss`` on the server's wall clock (+08:00, told to the decoder as ``source_timezone``)
-(JSON-C). DELETE: the row in ``old`` (JSON) or in ``data`` (JSON-C).
+(JSON-C). DELETE: the row in ``old`` (JSON) or in ``data`` (JSON-C). The history's Oracle tables are rendered as
+MySQL tables of the same names.
 
 Relational (``drs-json-relational``, section 4): the history's MySQL-templated tables are rendered as a PostgreSQL
 source (database = the history's database, schema ``public``; ``columnType`` bigint / character varying / bytea /
