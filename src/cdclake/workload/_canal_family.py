@@ -407,6 +407,13 @@ def lake_truth(
     return expected
 
 
+def mysql_lake_value(_spec: TableSpec, column: Column, value: Any) -> Any:
+    """What the lake holds of a MySQL value: BOOLEAN is TINYINT(1), decoded as a bigint 1 / 0."""
+    if column.kind == "boolean":
+        return int(value)
+    return value
+
+
 def _lake(lake_value: LakeValue, spec: TableSpec, column: Column, value: Any) -> Any:
     return None if value is None else lake_value(spec, column, value)
 

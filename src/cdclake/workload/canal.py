@@ -1,7 +1,8 @@
 """Renders a :class:`~cdclake.workload.history.SourceHistory` as open-source Canal flat messages (``canal-json``,
 ``shared/formats/canal.md``) and as DTS Canal JSON (``dts-canal-json``, ``shared/formats/dts.md`` section 2).
 
-The source is MySQL (Canal and DTS read the binlog). Per message, as the vendor writes it:
+The source is MySQL (Canal and DTS read the binlog); the history's Oracle tables (``HistoryConfig.oracle_tables``)
+are rendered as MySQL tables of the same names. Per message, as the vendor writes it:
 
 * Canal: one message per binlog rows event: consecutive rows of one table and one operation inside a transaction
   share a message (``data`` / ``old`` arrays, canal.md section 1); keys sorted (fastjson); ``mysqlType`` with
@@ -51,6 +52,7 @@ from cdclake.workload._canal_family import (
     lake_truth,
     latin1_text,
     mysql_ddl,
+    mysql_lake_value,
     mysql_timestamp_columns,
     mysql_type,
     source_transactions,
@@ -96,13 +98,6 @@ def mysql_text(column: Column, value: Any, timestamp_type: bool) -> str | None:
         return java_double_text(value)
     # DATETIME(3): the wall clock as stored (the source writes UTC); TIMESTAMP(3): the server's wall clock.
     return wall_clock_text(value, SOURCE_ZONE if timestamp_type else UTC, 3)
-
-
-def mysql_lake_value(_spec: TableSpec, column: Column, value: Any) -> Any:
-    """What the lake holds of a MySQL value decoded from Canal-family messages: TINYINT(1) booleans are 1 / 0."""
-    if column.kind == "boolean":
-        return int(value)
-    return value
 
 
 class _MysqlRows:

@@ -15,7 +15,8 @@ DATETIME = 94; integers as text, double as Java ``Double.toString``, binaries as
 0]``), booleans as TINYINT(1) ``"1"``/``"0"``; ``timestamp`` columns as DATETIME text ``yyyy-MM-dd HH:mm:ss.SSS``
 (UTC wall clock), or as TIMESTAMP when every value fits its 1970-2038 range: epoch seconds ``"1709288131.250"``
 (JSON), ``yyyy-MM-dd HH:mm:ss`` on the server's wall clock (+08:00, told to the decoder as ``source_timezone``)
-(JSON-C). DELETE: the row in ``old`` (JSON) or in ``data`` (JSON-C).
+(JSON-C). DELETE: the row in ``old`` (JSON) or in ``data`` (JSON-C). The history's Oracle tables are rendered as
+MySQL tables of the same names.
 
 Relational (``drs-json-relational``, section 4): the history's MySQL-templated tables are rendered as a PostgreSQL
 source (database = the history's database, schema ``public``; ``columnType`` bigint / character varying / bytea /
@@ -59,6 +60,7 @@ from cdclake.workload._canal_family import (
     java_double_text,
     lake_truth,
     mysql_ddl,
+    mysql_lake_value,
     mysql_timestamp_columns,
     mysql_type,
     postgres_double_text,
@@ -136,8 +138,8 @@ def render_drs_mysql(history: SourceHistory, options: RenderOptions, seed: int, 
             "pkNames": list(table.primary_key) or None,
         }
         if is_ddl(change):
-            value.update(mysqlType=None, type="DDL", isDdl=True, sql=mysql_ddl(change, timestamp_columns), sqlType=None)
-            value.update(data=None, old=None, pkNames=None)
+            sql = mysql_ddl(change, timestamp_columns)
+            value.update(mysqlType=None, type="DDL", isDdl=True, sql=sql, sqlType=None, pkNames=None)
         elif change.op == "DELETE" and variant == "jsonc":
             # drs.md section 3: JSON-C puts the deleted row in data (JSON: in old).
             value["data"], value["old"] = value["old"], None
@@ -160,11 +162,9 @@ def render_drs_mysql(history: SourceHistory, options: RenderOptions, seed: int, 
     stream = _render(history, options, seed, message, corrupt, malformed_kinds)
 
     def lake_value(table: TableSpec, column: Column, value: Any) -> Any:
-        if column.kind == "boolean":
-            return int(value)  # TINYINT(1)
         if variant == "jsonc" and column.kind == "timestamp" and is_timestamp(table, column):
             return value.replace(microsecond=0)
-        return value
+        return mysql_lake_value(table, column, value)
 
     return RenderedStream(
         stream.messages,
