@@ -24,8 +24,8 @@ Without duplicates, also across a crash (ordering of writes): the tables are wri
 in one commit per format. Once an outcome says ``applied``, no later replay selects that dead letter again. A crash
 between the two leaves the dead letters unresolved, and the next replay applies them again, which changes nothing
 in the tables: each change carries its original position, and the MERGE gate only writes a change whose position is
-at least the row's (re-applying writes identical values; anything newer wins). Only statistics in the ``progress``
-table can count such re-applied events twice.
+at least the row's (re-applying writes identical values; anything newer wins). Only bookkeeping rows of the
+re-applied batch can appear twice: ``progress`` counts, ``tombstones`` (harmless), ``schema_changes`` records.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class ReplayReport:
     formats: dict[str, int] = field(default_factory=dict)
     """format used -> dead letters decoded with it."""
     changes: dict[str, int] = field(default_factory=dict)
-    """lake table path -> row changes applied (after folding; changes the gate rejected included)."""
+    """lake table path -> folded row changes merged (including those the MERGE found older than the row)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
