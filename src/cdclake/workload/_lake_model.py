@@ -55,7 +55,8 @@ def physical_rows(history: SourceHistory) -> list[int | None]:
             issued[table.ident] = number
             rows[primary_key(table, change.after)] = number
         elif change.op == "UPDATE":
-            assert change.before is not None and change.after is not None
+            assert change.before is not None
+            assert change.after is not None
             number = rows.pop(primary_key(table, change.before))
             rows[primary_key(table, change.after)] = number
         else:

@@ -156,8 +156,7 @@ def ddl_text(change: Change) -> str:
     if change.op != "ADD_COLUMN" or column is None:
         raise ValueError(f"{change.op} is not DDL")
     return (
-        f"ALTER TABLE `{table.database}`.`{table.table}` ADD COLUMN `{column.name}` "
-        f"{MYSQL_DDL_TYPES[column.kind]} NULL"
+        f"ALTER TABLE `{table.database}`.`{table.table}` ADD COLUMN `{column.name}` {MYSQL_DDL_TYPES[column.kind]} NULL"
     )
 
 
@@ -272,7 +271,9 @@ def lake_row(table: TableSpec, identity: Any, row: dict[str, Any]) -> dict[str, 
     return {c.name: lake_value(c.kind, row.get(c.name)) for c in table.columns}
 
 
-def render(history: SourceHistory, options: RenderOptions, seed: int = 0, *, single_object: bool = True) -> RenderedStream:
+def render(
+    history: SourceHistory, options: RenderOptions, seed: int = 0, *, single_object: bool = True
+) -> RenderedStream:
     """The history as a DRS Avro stream; ``single_object=False`` writes plain Avro binary values."""
     return _Renderer(history, options, seed, single_object).render()
 

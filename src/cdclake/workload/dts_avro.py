@@ -312,7 +312,8 @@ class _Renderer:
         before = [encode_value(c.kind, (change.before or {}).get(c.name)) for c in columns]
         after = [encode_value(c.kind, (change.after or {}).get(c.name)) for c in columns]
         if change.op == "UPDATE" and self.options.partial_updates and table.primary_key:
-            assert change.before is not None and change.after is not None
+            assert change.before is not None
+            assert change.after is not None
             for i, column in enumerate(columns):
                 unchanged = change.before.get(column.name) == change.after.get(column.name)
                 if column.kind == "bytes" and unchanged:
@@ -433,9 +434,7 @@ class _Renderer:
                 self.progress_marker()
                 since_marker = 0
         _shaping.shape(self.stream, self.options, self.rng, self.malformed)
-        expected = _lake_model.expected_tables(
-            self.history, "full_image", applies_truncate=False, to_lake=lake_row
-        )
+        expected = _lake_model.expected_tables(self.history, "full_image", applies_truncate=False, to_lake=lake_row)
         return RenderedStream(self.stream.messages, expected=expected)
 
 

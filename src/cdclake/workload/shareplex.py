@@ -133,7 +133,8 @@ class _Renderer:
         if change.op == "DELETE":
             assert change.before is not None
             return {"meta": meta, "data": self.image(change, change.before)}
-        assert change.before is not None and change.after is not None
+        assert change.before is not None
+        assert change.after is not None
         changed = [c for c in table.column_names() if change.before.get(c) != change.after.get(c)]
         locate = table.primary_key + [c for c in changed if c not in table.primary_key]
         if not table.primary_key:
@@ -179,7 +180,9 @@ class _Renderer:
         if not self.row_messages and kind != "not json":
             kind = "not json"
         if kind == "not json":
-            return Message(None, b"ORA-01555: snapshot too old: rollback segment number 9 too small", f"malformed: {kind}")
+            return Message(
+                None, b"ORA-01555: snapshot too old: rollback segment number 9 too small", f"malformed: {kind}"
+            )
         template: dict[str, Any] = json.loads(json.dumps(rng.choice(self.row_messages)))
         if kind == "truncated json":
             text = dumps(template)
@@ -215,4 +218,3 @@ def lake_row(table: TableSpec, identity: Any, row: dict[str, Any]) -> dict[str, 
 def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> RenderedStream:
     """The history as a DTS SharePlex JSON stream (see the module doc)."""
     return _Renderer(history, options, seed).render()
-
