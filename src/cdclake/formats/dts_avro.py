@@ -12,7 +12,9 @@ Decisions where the spec leaves room (documented for users):
   -> ``date`` / ``timestamp_ntz`` / ``int`` (YEAR) / ``string`` (TIME) by MySQL code or PG OID, else by which parts
   are set; TimestampWithTimeZone -> ``timestamp`` (the instant); PG ``bool`` TextObject -> ``boolean``; PG
   ``jsonb`` BinaryObject -> ``string``. A column that is NULL in every image of the message falls back to a type
-  from its ``dataTypeNumber`` (MySQL / PG), else ``string``.
+  from its ``dataTypeNumber`` (MySQL / PG), else ``string``; except that a column the message holds no value for
+  (``NONE`` everywhere), and a MySQL TEXT/BLOB column (codes 249-252, either type) NULL everywhere in a message
+  with keys and a full after image, is left out of the columns and images (see ``_untyped_columns``).
 * ``EmptyObject.NONE`` (value not logged, 1.6 "inferred"): the column is left out of the image and the image is
   marked partial, so the stored value is kept.
 * Keys: ``tags.pk_uk_info`` ``PRIMARY``; else the first unique index listed; else none (1.5, 1.8).
@@ -309,6 +311,39 @@ def _convert(dtn: Column, item: Column, ctx: dict[str, Column]) -> Column:
     )
 
 
+MYSQL_TEXT_OR_BLOB: Final = (249, 250, 251, 252)
+"""dts.md 1.7: TINY/MEDIUM/LONG/BLOB codes, shared by TEXT (Character values) and BLOB (BinaryObject values)."""
+
+
+def _untyped_columns(
+    fields: Column, before: Column, after: Column, is_mysql: Column, *, has_keys: Column, full: Column
+) -> Column:
+    """Names of the columns the message cannot type and leaves out of ``columns`` and its images.
+
+    The type of a column comes from its value's union branch; NULL and ``EmptyObject.NONE`` have none. For most
+    codes the fallback (``MYSQL_TYPES`` / ``PG_TYPES``) is the type, but TEXT and BLOB share the MySQL codes
+    249-252 (dts.md 1.7), so any guess is wrong for one of them, and the message that creates a lake table fixes
+    its column types: a BLOB guessed as ``string`` would hold base64 text for good. So a column is left out when
+    no image holds a value for it (NONE everywhere: nothing to write either), and a TEXT/BLOB column that is NULL
+    everywhere is left out when the message has keys and a full after image: a column missing from a full image is
+    written as NULL, which is what the NULL says. (Without keys the declared columns are the row identity, and with
+    a partial image a missing column keeps its stored value: there the fallback type stays.)"""
+
+    def untyped(field: Column, i: Column) -> Column:
+        after_value, before_value = F.get(after, i)["value"], F.get(before, i)["value"]
+        no_type = F.coalesce(after_value["spark_type"], before_value["spark_type"]).isNull()
+        not_logged = (
+            (after.isNull() | after_value["absent"])
+            & (before.isNull() | before_value["absent"])
+            & (after.isNotNull() | before.isNotNull())
+        )
+        text_or_blob = is_mysql & field["dataTypeNumber"].isin(*MYSQL_TEXT_OR_BLOB)
+        return F.coalesce(no_type & (not_logged | (text_or_blob & has_keys & full)), F.lit(False))
+
+    names = F.transform(fields, lambda f, i: F.when(untyped(f, i), f["name"]))
+    return F.filter(names, lambda name: name.isNotNull())
+
+
 def _object_name(object_name: Column) -> tuple[Column, Column, Column, Column]:
     """dts.md 1.4: split on '.', then unescape the literal ``\\u002E``; 1 part db, 2 db.table, 3 db.schema.table."""
     parts = F.transform(F.split(object_name, r"\."), lambda p: F.replace(p, F.lit("\\u002E"), F.lit(".")))
@@ -369,7 +404,6 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     with_images = parsed.select("*", aligned(before_items).alias("_before"), aligned(after_items).alias("_after"))
     before, after = F.col("_before"), F.col("_after")
     fallback_type = F.when(is_mysql, _code_map(MYSQL_TYPES)).when(is_pg, _code_map(PG_TYPES))
-    columns = av.declared_columns(fields, before, after, fallback_type)
     tags = r["tags"]
     database, schema, table, too_many_parts = _object_name(r["objectName"])
     database = F.coalesce(tags["l_db_name"], database)
@@ -386,6 +420,18 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     def has_absent(items: Column) -> Column:
         return F.exists(F.coalesce(items, F.array()), lambda e: e["value"]["absent"])
 
+    untyped_names = _untyped_columns(
+        fields, before, after, is_mysql, has_keys=F.size(keys) > 0, full=~has_absent(after)
+    )
+    columns = F.filter(
+        av.declared_columns(fields, before, after, fallback_type), lambda c: ~F.array_contains(untyped_names, c["name"])
+    )
+
+    def image(aligned_image: Column, items: Column) -> Column:
+        return F.map_filter(
+            av.image(aligned_image, items.isNotNull()), lambda k, _v: ~F.array_contains(untyped_names, k)
+        )
+
     txid = r["sourceTxid"]
     position = _position(r["sourcePosition"], r["id"])
     decoded = with_images.select(
@@ -397,8 +443,8 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(decoded_ok & ~placeholder & is_row, schema).alias(model.SCHEMA),
         F.when(decoded_ok & ~placeholder & is_row, table).alias(model.TABLE),
         F.when(is_row, keys).alias(model.KEY_COLUMNS),
-        F.when(is_row, av.image(before, before_items.isNotNull())).alias(model.BEFORE),
-        F.when(is_row, av.image(after, after_items.isNotNull())).alias(model.AFTER),
+        F.when(is_row, image(before, before_items)).alias(model.BEFORE),
+        F.when(is_row, image(after, after_items)).alias(model.AFTER),
         (is_row & has_absent(after)).alias(model.AFTER_IS_PARTIAL),
         F.when(is_row, columns).alias(model.COLUMNS),
         F.when(decoded_ok, position).alias(model.POSITION),
