@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 
+from cdclake import apply, model
 from cdclake.config import parse_config
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.runner import replay, settings_from_config
+from cdclake.sinks.delta import DeltaSink, Txn
+from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
 from cdclake.workload import Message, SourceHistory
 from cdclake.workload.history import ms_to_datetime
@@ -113,9 +116,12 @@ def expected_scd2(history: SourceHistory) -> dict[tuple[str, str], list[tuple[An
 def actual_scd2(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
     actual: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
     for spec in history.tables:
+        path = f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"
+        if not DeltaTable.isDeltaTable(spark, path):  # table not selected for SCD2
+            continue
         names = spec.column_names()
         rows = []
-        for row in _spark_rows(spark, f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"):
+        for row in _spark_rows(spark, path):
             if row["_cdc_row_key"] is None:  # truncate markers, checked separately
                 continue
             key = tuple(row[k] for k in spec.primary_key) if spec.primary_key else row["_cdc_row_id"]
@@ -423,3 +429,69 @@ def test_table_selection_by_database_schema_or_table_name() -> None:
     assert not is_selected(["crm.EMP", "ORCL.SALES.X"], oracle)
     assert is_selected(["crm.customer"], mysql)
     assert not is_selected(["shop.customer"], mysql)
+
+
+def _event(op: str, position: int, columns: dict[str, str], before=None, after=None) -> dict[str, Any]:
+    """A decoded canonical event of table d.t keyed by id (what a format's decode produces)."""
+    return {
+        "format": "test",
+        "op": op,
+        "vendor_op": op,
+        "db_type": None,
+        "database": "d",
+        "schema": None,
+        "table": "t",
+        "key_columns": ["id"],
+        "before": before,
+        "after": after,
+        "after_is_partial": False,
+        "columns": [{"name": n, "vendor_type": t, "spark_type": t} for n, t in columns.items()],
+        "position": f"{position:024d}",
+        "event_time": datetime(2024, 1, 1, 0, 0, position),
+        "txn_id": None,
+        "ddl": None,
+        "topic": "k",
+        "partition": 0,
+        "offset": position,
+        "sub_index": 0,
+        "kafka_timestamp": None,
+        "error": None,
+        "raw_key": None,
+        "raw_value": None,
+    }
+
+
+@pytest.mark.spark
+def test_history_columns_follow_the_lake_tables_type_changes(spark, lake) -> None:
+    """The lake table widens x (int -> bigint) and retypes y (string -> bigint, after its values were deleted from
+    the lake table): x is widened in the history tables; y keeps its type there, as its stored text would not
+    convert, and a new value is stored as text."""
+    sink = HistorySink(DeltaSink(spark, lake))
+
+    def record(batch_id: int, types: dict[str, str], events: list[dict[str, Any]]) -> None:
+        frame = spark.createDataFrame(events, model.CANONICAL_SCHEMA)
+        plans = apply.plan_tables(frame)
+        columns = {plans[0].table_id: list(types.items())}
+        sink.record(frame, plans, plans, columns, {}, batch_id, Txn("types-test", batch_id))
+
+    old = {"id": "bigint", "x": "int", "y": "string"}
+    record(0, old, [_event("INSERT", 1, old, after={"id": "1", "x": "7", "y": "abc"})])
+    new = {"id": "bigint", "x": "bigint", "y": "bigint"}
+    before = {"id": "1", "x": "7", "y": None}
+    record(1, new, [_event("UPDATE", 2, new, before=before, after={"id": "1", "x": "5000000000", "y": "42"})])
+
+    scd2 = spark.read.format("delta").load(f"{lake}/_cdclake/scd2/d/t")
+    assert dict(scd2.dtypes)["x"] == "bigint"
+    assert dict(scd2.dtypes)["y"] == "string"
+    assert [(r["x"], r["y"], r["_cdc_is_current"]) for r in scd2.orderBy("_cdc_valid_from").collect()] == [
+        (7, "abc", False),
+        (5000000000, "42", True),
+    ]
+    changelog = spark.read.format("delta").load(f"{lake}/_cdclake/changelog/d/t")
+    # The before images held no value of y yet: that field follows the lake table.
+    assert dict(changelog.dtypes)["_cdc_before"] == "struct<id:bigint,x:bigint,y:bigint>"
+    logged = changelog.orderBy("_cdc_position").collect()
+    assert [(r["x"], r["y"], r["_cdc_before"] and r["_cdc_before"]["x"]) for r in logged] == [
+        (7, "abc", None),
+        (5000000000, "42", 7),
+    ]
