@@ -234,11 +234,10 @@ def assert_changelog_equals_events(spark, lake: str, history: SourceHistory, mes
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _split_after_first_half(messages: list[Message]) -> int:
-    """Index just after an UPDATE_BEFOR in the middle of the stream: the halves of that update land in different
-    files (batches)."""
-    middle = len(messages) // 2
-    for index in range(middle, len(messages)):
+def _split_after_first_half(messages: list[Message], start: int | None = None) -> int:
+    """Index just after the first UPDATE_BEFOR from ``start`` on (default: the middle of the stream): the halves of
+    that update land in different files (batches)."""
+    for index in range(len(messages) // 2 if start is None else start, len(messages)):
         if messages[index].description.startswith("UPDATE_BEFOR") and not messages[index].is_resend:
             return index + 1
     raise AssertionError("no split update after the middle of the stream")
@@ -271,14 +270,21 @@ def test_scd2_and_changelog_equal_the_source_history_across_batches(spark, lake,
 
 @pytest.mark.spark
 def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path) -> None:
-    """The newer half of the stream arrives first: every older change lands before the versions already stored
-    (inserts before deletes, updates inside closed versions, the truncate closing later-stored versions, the first
-    half of a split update after its second half)."""
+    """The stream in three parts, applied newest, middle (with the truncate), oldest: older changes land before the
+    versions already stored (inserts before deletes, updates inside closed versions), the late truncate closes
+    versions before stored newer ones, the oldest changes are closed by the stored truncate, and first halves of
+    split updates arrive after their second halves."""
     history, messages = workload(seed=22, events=90, update_mode="split")
-    cut = _split_after_first_half(messages)
-    newer = write_lines(tmp_path / "newer.jsonl", messages[cut:])
-    older = write_lines(tmp_path / "older.jsonl", messages[:cut])
-    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(newer), str(older)], changelog=True, scd2=True)
+    first_cut = _split_after_first_half(messages)
+    truncate_at = next(i for i, m in enumerate(messages) if m.description.startswith(TRUNCATE))
+    assert first_cut < truncate_at
+    second_cut = _split_after_first_half(messages, truncate_at)
+    newest = write_lines(tmp_path / "newest.jsonl", messages[second_cut:])
+    middle = write_lines(tmp_path / "middle.jsonl", messages[first_cut:second_cut])
+    oldest = write_lines(tmp_path / "oldest.jsonl", messages[:first_cut])
+    paths = [str(newest), str(middle), str(oldest)]
+    results = replay(spark, lake=lake, format_name="dataworks-json", paths=paths, changelog=True, scd2=True)
+    assert len(results) == 3
     assert_scd2_equals_history(spark, lake, history)
     assert_changelog_equals_events(spark, lake, history, messages)
 
