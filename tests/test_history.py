@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 
+from cdclake import apply, model
 from cdclake.config import parse_config
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.runner import replay, settings_from_config
+from cdclake.sinks.delta import DeltaSink, Txn
+from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
 from cdclake.workload import Message, SourceHistory
 from cdclake.workload.history import ms_to_datetime
@@ -231,11 +234,10 @@ def assert_changelog_equals_events(spark, lake: str, history: SourceHistory, mes
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _split_after_first_half(messages: list[Message]) -> int:
-    """Index just after an UPDATE_BEFOR in the middle of the stream: the halves of that update land in different
-    files (batches)."""
-    middle = len(messages) // 2
-    for index in range(middle, len(messages)):
+def _split_after_first_half(messages: list[Message], start: int | None = None) -> int:
+    """Index just after the first UPDATE_BEFOR from ``start`` on (default: the middle of the stream): the halves of
+    that update land in different files (batches)."""
+    for index in range(len(messages) // 2 if start is None else start, len(messages)):
         if messages[index].description.startswith("UPDATE_BEFOR") and not messages[index].is_resend:
             return index + 1
     raise AssertionError("no split update after the middle of the stream")
@@ -268,14 +270,21 @@ def test_scd2_and_changelog_equal_the_source_history_across_batches(spark, lake,
 
 @pytest.mark.spark
 def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path) -> None:
-    """The newer half of the stream arrives first: every older change lands before the versions already stored
-    (inserts before deletes, updates inside closed versions, the truncate closing later-stored versions, the first
-    half of a split update after its second half)."""
+    """The stream in three parts, applied newest, middle (with the truncate), oldest: older changes land before the
+    versions already stored (inserts before deletes, updates inside closed versions), the late truncate closes
+    versions before stored newer ones, the oldest changes are closed by the stored truncate, and first halves of
+    split updates arrive after their second halves."""
     history, messages = workload(seed=22, events=90, update_mode="split")
-    cut = _split_after_first_half(messages)
-    newer = write_lines(tmp_path / "newer.jsonl", messages[cut:])
-    older = write_lines(tmp_path / "older.jsonl", messages[:cut])
-    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(newer), str(older)], changelog=True, scd2=True)
+    first_cut = _split_after_first_half(messages)
+    truncate_at = next(i for i, m in enumerate(messages) if m.description.startswith(TRUNCATE))
+    assert first_cut < truncate_at
+    second_cut = _split_after_first_half(messages, truncate_at)
+    newest = write_lines(tmp_path / "newest.jsonl", messages[second_cut:])
+    middle = write_lines(tmp_path / "middle.jsonl", messages[first_cut:second_cut])
+    oldest = write_lines(tmp_path / "oldest.jsonl", messages[:first_cut])
+    paths = [str(newest), str(middle), str(oldest)]
+    results = replay(spark, lake=lake, format_name="dataworks-json", paths=paths, changelog=True, scd2=True)
+    assert len(results) == 3
     assert_scd2_equals_history(spark, lake, history)
     assert_changelog_equals_events(spark, lake, history, messages)
 
@@ -426,3 +435,69 @@ def test_table_selection_by_database_schema_or_table_name() -> None:
     assert not is_selected(["crm.EMP", "ORCL.SALES.X"], oracle)
     assert is_selected(["crm.customer"], mysql)
     assert not is_selected(["shop.customer"], mysql)
+
+
+def _event(op: str, position: int, columns: dict[str, str], before=None, after=None) -> dict[str, Any]:
+    """A decoded canonical event of table d.t keyed by id (what a format's decode produces)."""
+    return {
+        "format": "test",
+        "op": op,
+        "vendor_op": op,
+        "db_type": None,
+        "database": "d",
+        "schema": None,
+        "table": "t",
+        "key_columns": ["id"],
+        "before": before,
+        "after": after,
+        "after_is_partial": False,
+        "columns": [{"name": n, "vendor_type": t, "spark_type": t} for n, t in columns.items()],
+        "position": f"{position:024d}",
+        "event_time": datetime(2024, 1, 1, 0, 0, position),
+        "txn_id": None,
+        "ddl": None,
+        "topic": "k",
+        "partition": 0,
+        "offset": position,
+        "sub_index": 0,
+        "kafka_timestamp": None,
+        "error": None,
+        "raw_key": None,
+        "raw_value": None,
+    }
+
+
+@pytest.mark.spark
+def test_history_columns_follow_the_lake_tables_type_changes(spark, lake) -> None:
+    """The lake table widens x (int -> bigint) and retypes y (string -> bigint, after its values were deleted from
+    the lake table): x is widened in the history tables; y keeps its type there, as its stored text would not
+    convert, and a new value is stored as text."""
+    sink = HistorySink(DeltaSink(spark, lake))
+
+    def record(batch_id: int, types: dict[str, str], events: list[dict[str, Any]]) -> None:
+        frame = spark.createDataFrame(events, model.CANONICAL_SCHEMA)
+        plans = apply.plan_tables(frame)
+        columns = {plans[0].table_id: list(types.items())}
+        sink.record(frame, plans, plans, columns, {}, batch_id, Txn("types-test", batch_id))
+
+    old = {"id": "bigint", "x": "int", "y": "string"}
+    record(0, old, [_event("INSERT", 1, old, after={"id": "1", "x": "7", "y": "abc"})])
+    new = {"id": "bigint", "x": "bigint", "y": "bigint"}
+    before = {"id": "1", "x": "7", "y": None}
+    record(1, new, [_event("UPDATE", 2, new, before=before, after={"id": "1", "x": "5000000000", "y": "42"})])
+
+    scd2 = spark.read.format("delta").load(f"{lake}/_cdclake/scd2/d/t")
+    assert dict(scd2.dtypes)["x"] == "bigint"
+    assert dict(scd2.dtypes)["y"] == "string"
+    assert [(r["x"], r["y"], r["_cdc_is_current"]) for r in scd2.orderBy("_cdc_valid_from").collect()] == [
+        (7, "abc", False),
+        (5000000000, "42", True),
+    ]
+    changelog = spark.read.format("delta").load(f"{lake}/_cdclake/changelog/d/t")
+    # The before images held no value of y yet: that field follows the lake table.
+    assert dict(changelog.dtypes)["_cdc_before"] == "struct<id:bigint,x:bigint,y:bigint>"
+    logged = changelog.orderBy("_cdc_position").collect()
+    assert [(r["x"], r["y"], r["_cdc_before"] and r["_cdc_before"]["x"]) for r in logged] == [
+        (7, "abc", None),
+        (5000000000, "42", 7),
+    ]

@@ -35,6 +35,7 @@ place by order.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,8 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.model import Op
 from cdclake.sinks.delta import EVENT_TIME_COLUMN, OP_COLUMN, POSITION_COLUMN, DeltaSink, Txn, quote
+
+log = logging.getLogger(__name__)
 
 CHANGELOG_DIR: Final = "changelog"
 SCD2_DIR: Final = "scd2"
@@ -154,6 +157,10 @@ def _typed(spark_type: str) -> DataType:
     return _parse_datatype_string(spark_type)
 
 
+_ColumnPath = tuple[str, ...]
+"""A column, ``(name,)``, or a field of a struct column, ``(struct, field)``."""
+
+
 @dataclass(frozen=True)
 class _Work:
     """One history table to write in a batch."""
@@ -176,6 +183,8 @@ class HistorySink:
         self.spark = sink.spark
         # Schemas of the history tables this sink has seen, so a batch without new columns does not re-read the log.
         self._schemas: dict[str, StructType] = {}
+        # path -> (column, type) retypes refused because stored values would not fit (see _retype): not retried.
+        self._kept_types: dict[str, set[tuple[_ColumnPath, str]]] = {}
 
     def changelog_path(self, plan: TablePlan) -> str:
         return self._path(CHANGELOG_DIR, plan)
@@ -289,7 +298,7 @@ class HistorySink:
         ``stats``: metadata columns that get min/max statistics, beside the key columns.
         """
         cached = self._schemas.get(path)
-        if cached is not None and not _missing(cached, wanted):
+        if cached is not None and not _missing(cached, wanted) and not self._to_retype(path, cached, wanted):
             return cached
         if not DeltaTable.isDeltaTable(self.spark, path):
             plan = item.plan
@@ -317,8 +326,76 @@ class HistorySink:
                 if "already exists" not in str(exc):
                     raise
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
+        differing = self._to_retype(path, schema, wanted)
+        if differing:
+            schema = self._retype(path, schema, differing)
         self._schemas[path] = schema
         return schema
+
+    def _to_retype(self, path: str, schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:
+        kept = self._kept_types.get(path, set())
+        return {
+            column: data_type
+            for column, data_type in _differing_types(schema, wanted).items()
+            if (column, data_type.simpleString()) not in kept
+        }
+
+    def _retype(self, path: str, schema: StructType, differing: Mapping[_ColumnPath, DataType]) -> StructType:
+        """Follows the lake table's column type changes (widening, retyping a column without values): rewrites the
+        history table with the columns converted, when every stored value converts. A column whose stored values
+        would not all fit keeps its type, and incoming values that do not fit it are NULL in this table only (the
+        lake table has them); a warning says so. Costs a full rewrite, as for the lake table; type changes are rare.
+        """
+        table = self.spark.read.format("delta").load(path)
+
+        def column(path_of: _ColumnPath) -> Column:
+            top = F.col(quote(path_of[0]))
+            return top if len(path_of) == 1 else top[path_of[1]]
+
+        ordered = sorted(differing.items())
+        unconvertible = table.agg(
+            *(
+                F.sum(F.when(column(c).isNotNull() & column(c).try_cast(t).isNull(), 1).otherwise(0)).alias(f"_{i}")
+                for i, (c, t) in enumerate(ordered)
+            )
+        ).first()
+        assert unconvertible is not None
+        convertible: dict[_ColumnPath, DataType] = {}
+        for index, (name, data_type) in enumerate(ordered):
+            if unconvertible[f"_{index}"]:
+                log.warning(
+                    "%s: column %s keeps its type; %s stored values would not convert to %s",
+                    path,
+                    ".".join(name),
+                    unconvertible[f"_{index}"],
+                    data_type.simpleString(),
+                )
+                self._kept_types.setdefault(path, set()).add((name, data_type.simpleString()))
+            else:
+                convertible[name] = data_type
+        if not convertible:
+            return schema
+        selected: list[Column] = []
+        for f in schema.fields:
+            top = F.col(quote(f.name))
+            if (f.name,) in convertible:
+                selected.append(top.cast(convertible[(f.name,)]).alias(f.name))
+            elif isinstance(f.dataType, StructType) and any((f.name, g.name) in convertible for g in f.dataType.fields):
+                inner = [
+                    (
+                        top[g.name].cast(convertible[(f.name, g.name)])
+                        if (f.name, g.name) in convertible
+                        else top[g.name]
+                    )
+                    for g in f.dataType.fields
+                ]
+                rebuilt = F.struct(*(value.alias(g.name) for value, g in zip(inner, f.dataType.fields, strict=True)))
+                selected.append(F.when(top.isNotNull(), rebuilt).alias(f.name))
+            else:
+                selected.append(top)
+        log.info("%s: column types %s", path, {".".join(c): t.simpleString() for c, t in convertible.items()})
+        table.select(*selected).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        return DeltaTable.forPath(self.spark, path).toDF().schema
 
     # ---------------------------------------------------------------------------------------------------------
     # Changelog
@@ -400,9 +477,11 @@ class HistorySink:
     def _typed_or_null(image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
         """The image's value of column ``name`` typed like the lake table; NULL for a history column the lake table
         no longer has."""
-        if name in types:
-            return model.typed_value(image[name], types[name]).cast(data_type)
-        return F.lit(None).cast(data_type)
+        if name not in types:
+            return F.lit(None).cast(data_type)
+        value = model.typed_value(image[name], types[name])
+        # Equal unless the history column kept an older type (see _retype).
+        return value if data_type.simpleString() == types[name] else value.try_cast(data_type)
 
     # ---------------------------------------------------------------------------------------------------------
     # SCD2
@@ -619,6 +698,25 @@ class HistorySink:
             .whenNotMatchedInsert(condition=F.col("s._action") == "I", values=insert)
             .execute()
         )
+
+
+def _differing_types(schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:
+    """Columns (and fields of struct columns) that both have, with the wanted type where it differs."""
+    have = {f.name.lower(): f for f in schema.fields}
+    differing: dict[_ColumnPath, DataType] = {}
+    for f in wanted.fields:
+        existing = have.get(f.name.lower())
+        if existing is None or existing.dataType == f.dataType:
+            continue
+        if isinstance(f.dataType, StructType) and isinstance(existing.dataType, StructType):
+            inner = {g.name.lower(): g for g in existing.dataType.fields}
+            for g in f.dataType.fields:
+                stored = inner.get(g.name.lower())
+                if stored is not None and stored.dataType != g.dataType:
+                    differing[(existing.name, stored.name)] = g.dataType
+        else:
+            differing[(existing.name,)] = f.dataType
+    return differing
 
 
 def _missing(schema: StructType, wanted: StructType) -> list[tuple[str, DataType]]:
