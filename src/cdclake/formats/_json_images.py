@@ -46,6 +46,9 @@ CONNECT_TYPES: Final = {
 
 _BASE: Final = 1_000_000_000
 
+NULL_VALUE: Final = "null"
+"""Vendor type of an inferred column whose value is JSON null (:func:`inferred_field`)."""
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Shared value helpers
@@ -219,7 +222,7 @@ def inferred_field(name: Column, value: Column, json_text: Column) -> Column:
         .when(kind == "STRING", F.lit("string"))
         .when(kind.startswith("OBJECT"), F.lit("object"))
         .when(kind.startswith("ARRAY"), F.lit("array"))
-        .when(kind.isin("VOID") | value.isNull(), F.lit("null"))
+        .when(kind.isin("VOID") | value.isNull(), F.lit(NULL_VALUE))
         .when(json_text.rlike(r"^-?\d+$"), F.lit("integer"))
         .otherwise(F.lit("number"))
     )
@@ -232,7 +235,12 @@ def inferred_field(name: Column, value: Column, json_text: Column) -> Column:
 
 
 def schema_fields(schema: Column) -> Column:
-    """The row fields declared by a Connect value schema: ``after``'s fields, else ``before``'s (debezium.md 1)."""
+    """The row fields declared by a Connect value schema: ``after``'s fields, then those only ``before`` declares.
+
+    Debezium declares one Value struct for both images (debezium.md 1). Lindorm generates the schema from the
+    payload (lindorm-debezium.md "Layout"), so a column whose cell an update deleted is only in ``before``'s struct
+    ("Column deletion"): it is still a column of the message.
+    """
     top = F.try_variant_get(schema, "$.fields", "array<struct<field: string, fields: variant>>")
     images = F.filter(F.coalesce(top, F.array()), lambda f: f["field"].isin("after", "before"))
     typed = F.transform(
@@ -241,9 +249,13 @@ def schema_fields(schema: Column) -> Column:
             f["field"].alias("which"), F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>").alias("fields")
         ),
     )
-    after = F.filter(typed, lambda f: (f["which"] == "after") & f["fields"].isNotNull())
-    before = F.filter(typed, lambda f: (f["which"] == "before") & f["fields"].isNotNull())
-    return F.coalesce(F.get(after, 0)["fields"], F.get(before, 0)["fields"])
+    after = F.get(F.filter(typed, lambda f: (f["which"] == "after") & f["fields"].isNotNull()), 0)["fields"]
+    before = F.get(F.filter(typed, lambda f: (f["which"] == "before") & f["fields"].isNotNull()), 0)["fields"]
+    none = F.array().cast(f"array<{_FIELD}>")
+    only_before = F.filter(
+        F.coalesce(before, none), lambda b: ~F.exists(F.coalesce(after, none), lambda a: a["field"] == b["field"])
+    )
+    return F.when(after.isNotNull(), F.concat(after, only_before)).otherwise(before)
 
 
 def inferred_fields(before: Column, after: Column, kinds: Column) -> Column:
@@ -308,6 +320,75 @@ def image_stages(
 
     return staged.select(
         "*", pairs(F.col("_after_in")).alias("_after_pairs"), pairs(F.col("_before_in")).alias("_before_pairs")
+    )
+
+
+def type_nulls_from_batch(staged: DataFrame, table: Column, changed_only: Column) -> DataFrame:
+    """Gives the inferred columns whose value is JSON null a type from the rest of the batch (after
+    :func:`image_stages`; rewrites ``_fields``, ``_after_pairs`` and ``_before_pairs``).
+
+    A JSON null carries no type. Declaring it ``string`` would create a ``string`` lake column whenever the newest
+    message of a table has a NULL there (the table takes its types from its newest message), e.g. for every column
+    just added by ALTER TABLE. Instead a null takes the type that the newest message of the same table in the batch
+    with a value declares for the column (its whole description: type, logical name, parameters). A column that is
+    NULL in every message of its table in the batch is left out of the images and the declared columns: a full
+    image without a column sets it NULL anyway, and the lake column is created, with the right type, by the first
+    batch with a value. In a changed-only image
+    (``changed_only``) an absent column keeps its stored value, so a null is left out only if the before image
+    has the column (NULL before and after: unchanged); an update to NULL from an unknown value stays declared
+    ``string``.
+
+    Args:
+        staged: output of :func:`image_stages` with the message columns ``partition`` and ``offset``.
+        table: identity of the message's table (e.g. ``database.table``); null for messages without one.
+        changed_only: true where the after image lists only changed columns (absent ones keep their value).
+    """
+    key = F.coalesce(table, F.lit(""))
+
+    def is_null_valued(f: Column) -> Column:
+        return F.coalesce(f["name"] == NULL_VALUE, F.lit(False))
+
+    declared = (
+        staged.select(
+            key.alias("_table_key"),
+            F.struct(F.col("partition"), F.col("offset")).alias("_at"),
+            F.explode(F.filter(F.col("_fields"), lambda f: ~is_null_valued(f))).alias("_f"),
+        )
+        .groupBy("_table_key", F.col("_f")["field"].alias("_column"))
+        .agg(F.max_by(F.col("_f"), F.col("_at")).alias("_declared"))
+        .groupBy("_table_key")
+        .agg(F.map_from_entries(F.collect_list(F.struct("_column", "_declared"))).alias("_batch_fields"))
+    )
+    joined = staged.withColumn("_table_key", key).join(F.broadcast(declared), "_table_key", "left")
+    batch = F.col("_batch_fields")
+    fields = F.transform(
+        F.col("_fields"), lambda f: F.when(is_null_valued(f), F.coalesce(batch[f["field"]], f)).otherwise(f)
+    )
+    always_null = F.transform(
+        F.filter(F.col("_fields"), lambda f: is_null_valued(f) & batch[f["field"]].isNull()), lambda f: f["field"]
+    )
+    # In a changed-only image a null is only left out where the before image says the column was NULL already.
+    dropped = F.filter(
+        always_null,
+        lambda n: (
+            ~F.coalesce(changed_only, F.lit(False))
+            | F.coalesce(F.map_contains_key(F.col("_before_pairs"), n), F.lit(False))
+        ),
+    )
+
+    # Staged: the list is computed once per row, not inside the lambdas that use it.
+    staged_drops = joined.withColumns({"_fields_typed": fields, "_dropped": dropped})
+    left_out = F.col("_dropped")
+
+    def kept(pairs: Column) -> Column:
+        return F.map_filter(pairs, lambda k, _v: ~F.array_contains(left_out, k))
+
+    return staged_drops.withColumns(
+        {
+            "_fields": F.filter(F.col("_fields_typed"), lambda f: ~F.array_contains(left_out, f["field"])),
+            "_after_pairs": kept(F.col("_after_pairs")),
+            "_before_pairs": kept(F.col("_before_pairs")),
+        }
     )
 
 

@@ -10,8 +10,11 @@ Choices where the specs are silent (documented here once):
 * Without a Connect schema (``schemas.enable=false``, or Lindorm's ``"schema": {}``) column types are inferred from
   the JSON value kinds: integers -> ``bigint``, numbers with a fraction or exponent -> ``double`` (the canonical
   text keeps the exact digits), strings -> ``string``, booleans -> ``boolean``, objects and arrays -> ``string``
-  (JSON text), a column that is null in the message -> ``string``. Logical types (Decimal bytes, epoch days...)
-  cannot be recognised without the schema: such values arrive as what their JSON kind says.
+  (JSON text). Logical types (Decimal bytes, epoch days...) cannot be recognised without the schema: such values
+  arrive as what their JSON kind says. A JSON null says nothing about the type: it takes the type the column has
+  in the table's other messages of the batch; a column NULL in all of them is left out of the images
+  (``_json_images.type_nulls_from_batch``; a column NULL in a changed-only image without a before value stays
+  ``string``).
 * Times of day (``io.debezium.time.Time/MicroTime/NanoTime``, Connect ``Time``) have no canonical Spark type: they
   become ``string`` ``[-]HH:mm:ss.ffffff`` (MySQL TIME may be negative or exceed 24 hours).
 * ``Timestamp``/``MicroTimestamp``/``NanoTimestamp`` (wall-clock DATETIME encoded "as if UTC", debezium.md 6) and
@@ -49,6 +52,7 @@ from cdclake.formats._json_images import (
     inferred_fields,
     schema_fields,
     texts,
+    type_nulls_from_batch,
 )
 from cdclake.formats.base import (
     MESSAGE_KEY,
@@ -249,10 +253,14 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     # debezium.md 6 "Unavailable values": the placeholder (or, for bytes columns, its base64) never overwrites a
     # stored value: such columns are left out of the images, and the after image becomes partial.
     unavailable = (placeholder, base64.b64encode(placeholder.encode()).decode())
-    staged = image_stages(parse(messages), F.col("_p"), declared_or_inferred_fields(), unavailable)
-    staged = staged.select("*", debezium_position(F.col("_p")["source"]).alias("_position"))
     m, p = F.col("_m"), F.col("_p")
     source = p["source"]
+    staged = type_nulls_from_batch(
+        image_stages(parse(messages), p, declared_or_inferred_fields(), unavailable),
+        F.concat_ws(".", F.coalesce(p["databaseName"], source["db"]), source["schema"], source["table"]),
+        changed_only=F.col("_partial"),
+    )
+    staged = staged.select("*", debezium_position(source).alias("_position"))
     tombstone = F.col(MESSAGE_VALUE).isNull()
     is_data = p["op"].isNotNull()
     is_txn = ~is_data & p["status"].isNotNull()
@@ -421,8 +429,12 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.map_contains_key(p["after"], HBASE_ROW) | F.map_contains_key(p["before"], HBASE_ROW), F.lit(False)
     )
     fields = F.when(is_hbase, _hbase_fields(p["before"], p["after"])).otherwise(declared_or_inferred_fields())
-    staged = image_stages(parsed, p, fields)
     m, source = F.col("_m"), p["source"]
+    staged = type_nulls_from_batch(
+        image_stages(parsed, p, fields),
+        F.concat_ws(".", source["namespace"], source["table"]),
+        changed_only=F.lit(False),  # `after` is the whole row: a missing column is NULL
+    )
     vendor_op = p["op"]
     op = op_from_code(vendor_op, LINDORM_OPERATIONS)
     is_row = op.isin(*(o.value for o in model.ROW_OPS))

@@ -12,8 +12,12 @@ Choices where the spec is silent:
   (``_json_images.inferred_field``): integers -> ``bigint``, fractions -> ``double`` (canonical text keeps the exact
   digits), strings -> ``string`` (DATETIME text, and BLOB base64 too: a binary column cannot be told from text
   without a catalog), booleans -> ``boolean``, SET arrays and JSON -> ``string`` holding JSON text.
+* A JSON null says nothing about the column's type: it takes the type the column has in the table's other messages
+  of the batch, and a column NULL in all of them is left out (``_json_images.type_nulls_from_batch``), so that a
+  NULL never makes a ``string`` lake column.
 * ``commit: true`` marks the last row of a transaction (spec section 1): the message yields its row event and a
-  second event ``TXN_END`` (``sub_index`` 1, ``vendor_op`` ``commit``). Every DML event carries ``txn_id`` = ``xid``.
+  second event ``TXN_END`` (``sub_index`` 1, ``vendor_op`` ``commit``), unless the message cannot be decoded (one
+  message, one dead letter). Every DML event carries ``txn_id`` = ``xid``.
 * ``position`` ``binlog-file:offset`` sorts by the file's numeric suffix, the offset, then ``xoffset`` (rows of one
   transaction); null (Kafka order) when Maxwell was not configured to output it.
 """
@@ -33,6 +37,7 @@ from cdclake.formats._json_images import (
     image_stages,
     inferred_fields,
     texts,
+    type_nulls_from_batch,
 )
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
@@ -102,17 +107,35 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(vendor_op != "delete", F.col("_k")["data"]).alias("after"),
     )
     payload = F.struct(before.alias("before"), after.alias("after"))
-    staged = image_stages(
-        parsed.select("*", payload.alias("_p"), kinds.alias("_kinds")),
-        F.col("_p"),
-        inferred_fields(F.col("_p")["before"], F.col("_p")["after"], F.col("_kinds")),
+    staged = type_nulls_from_batch(
+        image_stages(
+            parsed.select("*", payload.alias("_p"), kinds.alias("_kinds")),
+            F.col("_p"),
+            inferred_fields(F.col("_p")["before"], F.col("_p")["after"], F.col("_kinds")),
+        ),
+        F.concat_ws(".", m["database"], m["table"]),
+        changed_only=F.lit(False),  # `data` is always the full row
     )
     position = _position(m["position"], m["xoffset"])
     is_ddl = op == Op.DDL.value
+    error = first_error(
+        (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong kind)"),
+        (vendor_op.isNull(), "missing type: not a Maxwell message"),
+        (op.isNull(), F.format_string("unknown Maxwell type '%s'", vendor_op)),
+        (is_row & data.isNull(), F.format_string("%s without data", vendor_op)),
+        (is_ddl & m["sql"].isNull(), "DDL record without sql"),
+        (
+            m["position"].isNotNull() & position.isNull(),
+            F.format_string("position '%s' is not binlog-file:offset", m["position"]),
+        ),
+        *fields_errors(is_row),
+    )
     # maxwell-ogg.md 1: DML `ts` is in epoch seconds, DDL records' `ts` in milliseconds.
     event_time = F.when(is_ddl, F.timestamp_millis(m["ts"])).otherwise(F.timestamp_seconds(m["ts"]))
-    commit = F.coalesce(m["commit"], F.lit(False)) & is_row
-    decoded = staged.select(
+    # A message that cannot be decoded is one dead letter: its commit flag yields no TXN_END of its own.
+    commit = F.coalesce(m["commit"], F.lit(False)) & is_row & F.col("_error").isNull()
+    decoded = staged.select("*", error.alias("_error")).select(
         "*",
         F.explode(F.when(commit, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))).alias(model.SUB_INDEX),
     )
@@ -134,19 +157,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(~is_ddl, m["xid"]).alias(model.TXN_ID),
         F.when(is_ddl, m["sql"]).alias(model.DDL),
     )
-    error = first_error(
-        (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
-        (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong kind)"),
-        (vendor_op.isNull(), "missing type: not a Maxwell message"),
-        (op.isNull(), F.format_string("unknown Maxwell type '%s'", vendor_op)),
-        (is_row & data.isNull(), F.format_string("%s without data", vendor_op)),
-        (is_ddl & m["sql"].isNull(), "DDL record without sql"),
-        (
-            m["position"].isNotNull() & position.isNull(),
-            F.format_string("position '%s' is not binlog-file:offset", m["position"]),
-        ),
-        *fields_errors(is_row),
-    )
+    error = F.col("_error")
     return finish(decoded, NAME, error)
 
 

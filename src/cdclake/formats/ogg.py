@@ -16,6 +16,10 @@ Choices where the spec is silent:
 * Every update's after image is partial (spec section 2, "Compressed updates"): the trail holds only the key and
   the changed columns unless the source runs NOCOMPRESSUPDATES, which the message does not say. Absent columns
   keep their stored values; a column present with JSON null is set to NULL.
+* A JSON null says nothing about the column's type: it takes the type the column has in the table's other messages
+  of the batch. A column NULL in all of them is left out of the images where that changes nothing (inserts,
+  deletes, and updates whose before image has it NULL too); an update to NULL from a value the message does not
+  show stays declared ``string`` (``_json_images.type_nulls_from_batch``).
 * ``table`` with three parts is ``catalog.schema.table`` (database, schema, table); with two, ``schema.table``,
   and the schema is also reported as the database (the lake path is ``<schema>/<table>`` either way).
 """
@@ -29,7 +33,14 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats import register
-from cdclake.formats._json_images import fields_columns, fields_errors, image_stages, inferred_fields, texts
+from cdclake.formats._json_images import (
+    fields_columns,
+    fields_errors,
+    image_stages,
+    inferred_fields,
+    texts,
+    type_nulls_from_batch,
+)
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
 
@@ -103,11 +114,17 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     payload = F.struct(_present(m["before"]).alias("before"), _present(m["after"]).alias("after"))
     staged = parsed.select("*", payload.alias("_p"))
     p = F.col("_p")
-    staged = image_stages(
-        staged.select("*", F.col("_k").alias("_kinds")), p, inferred_fields(p["before"], p["after"], F.col("_kinds"))
-    )
     vendor_op = m["op_type"]
     op = op_from_code(vendor_op, letters)
+    staged = type_nulls_from_batch(
+        image_stages(
+            staged.select("*", F.col("_k").alias("_kinds")),
+            p,
+            inferred_fields(p["before"], p["after"], F.col("_kinds")),
+        ),
+        m["table"],
+        changed_only=op == Op.UPDATE.value,  # every update is read as compressed (see the module doc)
+    )
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
     parts = F.split(m["table"], r"\.")
     three = F.size(parts) == 3
