@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
 from cdclake.formats import get_format
+from cdclake.formats.base import METADATA_SCHEMA, TableMetadata, collect_metadata, unique_metadata
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn
@@ -131,11 +132,19 @@ class Pipeline:
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
             get_format(str(name))  # fail fast on unknown names
+        # Table definitions sent in their own messages (Qlik MD), by (format, schema id): loaded from the lake's
+        # metadata table on first use, then kept up to date by decode (see _known_metadata).
+        self._metadata: dict[tuple[str, str], TableMetadata] | None = None
 
     # -------------------------------------------------------------------------------------------------------------
 
-    def decode(self, messages: DataFrame) -> DataFrame:
-        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events."""
+    def decode(self, messages: DataFrame, txn: Txn | None = None) -> DataFrame:
+        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events.
+
+        Formats with table definitions in their own messages (``CdcFormat.metadata``, Qlik MD) first hand over the
+        batch's definitions (all topics of the format), which are stored in ``<lake>/_cdclake/metadata`` (once per
+        ``txn``) before the batch is decoded with every definition known so far, earlier batches and runs included.
+        """
         settings = self.settings
         parts: list[DataFrame] = []
         listed = sorted(settings.topic_formats)
@@ -144,14 +153,43 @@ class Pipeline:
             by_format.setdefault(settings.topic_formats[topic], []).append(topic)
         for name, topics in sorted(by_format.items()):
             subset = messages.where(F.col("topic").isin(*topics))
-            parts.append(get_format(name).decode(subset, settings.format_options.get(name, {})))
+            parts.append(self._decode_format(name, subset, txn))
         if settings.default_format is not None:
             rest = messages.where(~F.col("topic").isin(*listed)) if listed else messages
-            fmt = settings.default_format
-            parts.append(get_format(fmt).decode(rest, settings.format_options.get(fmt, {})))
+            parts.append(self._decode_format(settings.default_format, rest, txn))
         if not parts:
             raise ValueError("no format configured")
         return reduce(DataFrame.unionByName, parts)
+
+    METADATA = "metadata"
+    """Bookkeeping table of the table definitions read from messages (see decode)."""
+
+    def _decode_format(self, name: str, messages: DataFrame, txn: Txn | None) -> DataFrame:
+        fmt = get_format(name)
+        options = self.settings.format_options.get(name, {})
+        if fmt.metadata is None:
+            return fmt.decode(messages, options)
+        known = self._known_metadata(name, collect_metadata(fmt.metadata.extract(messages, options)), txn)
+        return fmt.metadata.decode(messages, options, known)
+
+    def _known_metadata(self, format_name: str, found: Sequence[TableMetadata], txn: Txn | None) -> list[TableMetadata]:
+        """Every definition of ``format_name`` known after storing the new ones among ``found`` (the first stored
+        definition of a schema id wins: ids are unique, re-sent definition messages are copies)."""
+        if self._metadata is None:
+            stored = self.sink.read_system(self.METADATA)
+            rows = [] if stored is None else stored.orderBy("recorded_at").collect()
+            loaded = unique_metadata(TableMetadata.from_row(row.asDict()) for row in rows)
+            self._metadata = {(m.format, m.schema_id): m for m in loaded}
+        new = [m for m in found if (m.format, m.schema_id) not in self._metadata]
+        if new:
+            frame = self.spark.createDataFrame([m.as_row() for m in new], METADATA_SCHEMA).select(
+                "*", F.lit(self.settings.name).alias("pipeline"), F.current_timestamp().alias("recorded_at")
+            )
+            # One append per format and batch: a batch re-run after a crash skips it (and finds them stored).
+            marker = Txn(f"{txn.app_id}/{self.METADATA}/{format_name}", txn.version) if txn else None
+            self.sink.append(self.METADATA, frame, marker)
+            self._metadata.update({(m.format, m.schema_id): m for m in new})
+        return [m for m in self._metadata.values() if m.format == format_name]
 
     def process_batch(self, messages: DataFrame, batch_id: int, *, txn: bool = True) -> BatchResult:
         """Decodes and applies one batch. Safe to call again with the same ``batch_id`` after a failure."""

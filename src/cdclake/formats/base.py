@@ -8,7 +8,7 @@ value types, keys) so that a bad message becomes a dead letter with a reason ins
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,6 +28,105 @@ DecodeFn = Callable[[DataFrame, FormatOptions], DataFrame]
 
 MAX_IDENTIFIER_LENGTH: Final = 255
 
+METADATA_SCHEMA: Final = (
+    "format STRING, schema_id STRING, database STRING, schema STRING, `table` STRING, table_version BIGINT, "
+    "definition STRING, position STRING"
+)
+"""Columns of the frame a :class:`MetadataSupport` ``extract`` returns: one row per table-definition message."""
+
+
+@dataclass(frozen=True)
+class TableMetadata:
+    """One version of a table's definition, sent by the source in its own message (Qlik Replicate MD messages).
+
+    The pipeline keeps every definition it has seen (``<lake>/_cdclake/metadata``) and hands them to the format's
+    :class:`MetadataSupport` ``decode``, because data messages of such formats only reference their definition.
+
+    Attributes:
+        format: registry name of the format that read the definition.
+        schema_id: the id data messages use to reference this definition (unique per format).
+        database: source database (or schema, for formats that name only one level) of the table.
+        schema: source schema when the format names both levels, else None.
+        table: source table name.
+        table_version: increases with each structure change of the table (the latest one wins a lookup by name).
+        definition: the definition as the format's JSON text (only the format reads it).
+        position: where the definition message was read (for provenance), or None.
+    """
+
+    format: str
+    schema_id: str
+    database: str | None
+    schema: str | None
+    table: str
+    table_version: int
+    definition: str
+    position: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TableMetadata:
+        """From a row with the columns of :data:`METADATA_SCHEMA` (a collected Spark ``Row.asDict()``)."""
+        return cls(
+            format=str(row["format"]),
+            schema_id=str(row["schema_id"]),
+            database=row["database"],
+            schema=row["schema"],
+            table=str(row["table"]),
+            table_version=int(row["table_version"] or 0),
+            definition=str(row["definition"]),
+            position=row["position"],
+        )
+
+    def as_row(self) -> tuple[Any, ...]:
+        """The values in the column order of :data:`METADATA_SCHEMA`."""
+        return (
+            self.format,
+            self.schema_id,
+            self.database,
+            self.schema,
+            self.table,
+            self.table_version,
+            self.definition,
+            self.position,
+        )
+
+
+ExtractMetadataFn = Callable[[DataFrame, FormatOptions], DataFrame]
+"""Raw message frame + options -> the table definitions its messages carry (:data:`METADATA_SCHEMA` rows)."""
+MetadataDecodeFn = Callable[[DataFrame, FormatOptions, Sequence[TableMetadata]], DataFrame]
+"""Raw message frame + options + every known definition of the format -> canonical frame (pure Spark SQL)."""
+
+
+@dataclass(frozen=True)
+class MetadataSupport:
+    """For formats whose data messages reference table definitions sent in separate messages (Qlik MD messages).
+
+    Per batch the pipeline calls ``extract`` first (its rows are collected to the driver: keep it to the
+    definition messages), stores the new definitions, then decodes the batch with ``decode`` and every definition
+    known so far, the batch's own included. The format's plain ``decode`` must still work alone (with the
+    definitions found in the same messages), so that a format is usable without a pipeline.
+
+    Attributes:
+        extract: finds the definition messages of a batch (see :data:`ExtractMetadataFn`).
+        decode: decodes a batch with known definitions (see :data:`MetadataDecodeFn`).
+    """
+
+    extract: ExtractMetadataFn
+    decode: MetadataDecodeFn
+
+
+def collect_metadata(extracted: DataFrame) -> list[TableMetadata]:
+    """The definitions of an ``extract`` frame on the driver: the first per (format, schema_id), complete ones."""
+    rows = extracted.where(F.col("schema_id").isNotNull() & F.col("table").isNotNull()).collect()
+    return unique_metadata(TableMetadata.from_row(row.asDict()) for row in rows)
+
+
+def unique_metadata(definitions: Iterable[TableMetadata]) -> list[TableMetadata]:
+    """The first definition per (format, schema_id), in input order (re-sent definition messages are copies)."""
+    seen: dict[tuple[str, str], TableMetadata] = {}
+    for definition in definitions:
+        seen.setdefault((definition.format, definition.schema_id), definition)
+    return list(seen.values())
+
 
 @dataclass(frozen=True)
 class CdcFormat:
@@ -43,6 +142,8 @@ class CdcFormat:
         sniff: decides from one parsed JSON message whether it is in this format (``--format auto``); None when
             the format cannot be told apart from others.
         examples: file names in ``shared/formats/examples`` whose messages are in this format (tests decode them).
+        metadata: for formats whose data messages need table definitions sent in other messages (Qlik MD); None
+            for self-describing formats.
     """
 
     name: str
@@ -53,6 +154,7 @@ class CdcFormat:
     options: Mapping[str, str] = field(default_factory=dict)
     sniff: Callable[[Any], bool] | None = None
     examples: tuple[str, ...] = ()
+    metadata: MetadataSupport | None = None
 
 
 def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:

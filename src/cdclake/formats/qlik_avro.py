@@ -1,31 +1,40 @@
 """Qlik Replicate Avro without a schema registry (``qlik-avro``).
 
-Spec: ``shared/formats/qlik.md`` sections 1 ("Avro"), 3, 4, 5. Value = Avro binary of ``MessageEnvelope``
-(``magic`` fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema``, ``message`` bytes);
-``message`` is the Avro binary of the data record whose schema is the ``dataSchema`` of the table's MD message.
+Spec: ``shared/formats/qlik.md`` sections 1 ("Avro"), 2-5. Value = Avro binary of ``MessageEnvelope`` (``magic``
+fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema``, ``message`` bytes).
 
-A per-message Spark decoder cannot cache MD messages, so the data schemas are **configured** (format options):
-
-* ``data_schema``: the ``dataSchema`` JSON text (from the table's MD message) used for every DT message, or
-* ``data_schemas``: a JSON object ``{"<schemaId>": "<dataSchema JSON text>", ...}`` chosen by ``messageSchemaId``.
-
-A DT message whose schema is not configured is a dead letter naming its ``messageSchemaId`` (configure it and
-replay the dead letters). MD messages become DDL events (``vendor_op`` MD) without a statement: their inner
-metadata record would need the Qlik metadata schema, which is only in each message's ``messageSchema``.
+* **MD messages**: ``message`` is the metadata record, written with the Avro schema in the envelope's own
+  ``messageSchema``. It is decoded with that schema (one Spark ``from_avro`` per distinct schema text of the batch)
+  and read like a qlik-json MD message (``schemaId``, ``lineage``, ``tableStructure``, ``dataSchema``): it becomes a
+  DDL event declaring the table's columns and key, and the pipeline stores it (``<lake>/_cdclake/metadata``, see
+  :mod:`cdclake.formats.qlik`) so that DT messages of later batches and runs can be decoded.
+* **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
+  is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
+  the schema when the query is planned: the distinct ids of the batch are collected on the driver and each id's
+  messages are decoded by their own branch (the branches are unioned). A DT whose schema is unknown is a dead
+  letter naming its ``messageSchemaId`` (its MD was never read; replay it after the MD). With a null
+  ``messageSchemaId``: the latest MD of the table named by the options ``database``/``table``.
+* **Overrides** (format options, they win over MD messages): ``data_schemas`` = a JSON object
+  ``{"<schemaId>": "<dataSchema JSON text>", ...}``, ``data_schema`` = one dataSchema for every DT message.
 
 Values (5, logical types on or off): ``int``/``long`` -> ``bigint``; ``float``/``double`` -> ``double``;
 ``boolean``; ``string``; ``bytes`` -> ``binary``; ``decimal(p,s)`` bytes -> ``decimal(p,s)``; ``date`` ->
-``date``; ``timestamp-micros``/``timestamp-millis`` -> ``timestamp``; ``time-millis``/``time-micros`` ->
-``HH:mm:ss.fff[fff]`` text; any other type -> its JSON text. Masks are ``bytes`` here (4): same bit layout as
-the JSON hex text. Table identity,
-position, transactions and REFRESH handling are those of ``qlik-json`` (see its module doc); DT Avro records
-carry no schema/table names, so the options ``database`` (default: none) and ``table`` (default: the topic)
-name the table.
+``date``; ``timestamp-micros``/``timestamp-millis`` -> ``timestamp`` (an Avro instant); ``time-millis``/
+``time-micros`` -> ``HH:mm:ss.fff[fff]`` text; any other type -> its JSON text. Without logical types Replicate
+writes NUMERIC, UINT8, DATE and DATETIME as Avro strings: with the MD known they get the MD's Replicate type like
+qlik-json (decimal, date, timestamp_ntz...). Keys are the MD's ``primaryKeyPosition`` columns (configure keys for
+data messages decoded with an override schema and no MD). Masks are ``bytes`` here (4): same bit layout as the
+JSON hex text, ordinals from the MD (else the position in the data record). Table: the MD's lineage, else the
+options ``database`` (default: none) and ``table`` (default: the topic). Position, transactions and REFRESH
+handling are those of ``qlik-json`` (see its module doc).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import reduce
 from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame
@@ -34,8 +43,31 @@ from pyspark.sql.avro.functions import from_avro
 
 from cdclake import model
 from cdclake.formats import register
-from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
-from cdclake.formats.qlik import MAGIC, OPERATIONS, mask_bit, position_and_time
+from cdclake.formats.base import (
+    MESSAGE_COLUMNS,
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    MetadataSupport,
+    TableMetadata,
+    collect_metadata,
+    finish,
+    first_error,
+    op_from_code,
+)
+from cdclake.formats.qlik import (
+    MAGIC,
+    OPERATIONS,
+    QlikTable,
+    canonical_value,
+    join_metadata,
+    latest_versions,
+    mask_bit,
+    md_position,
+    md_problem,
+    parse_definitions,
+    position_and_time,
+)
 from cdclake.model import Op
 
 NAME: Final = "qlik-avro"
@@ -56,6 +88,9 @@ ENVELOPE_SCHEMA: Final = json.dumps(
     separators=(",", ":"),
 )
 """qlik.md 1 "Avro": the envelope schema."""
+
+MD_PREFIX: Final = MAGIC.encode() + b"\x04MD"
+"""First bytes of every MD envelope: the fixed magic, then the Avro string ``MD`` (zig-zag length 2 = 0x04)."""
 
 _ROW_OPERATIONS: Final = {k: v for k, v in OPERATIONS.items() if k in ("INSERT", "UPDATE", "DELETE", "REFRESH")}
 
@@ -81,7 +116,10 @@ def _time_text(value: Column, per_second: int) -> Column:
     )
 
 
-def _converter(avro_type: Any) -> tuple[str, Any]:
+Converter = Callable[[Column], Column]
+
+
+def _converter(avro_type: Any) -> tuple[str, Converter]:
     """(spark_type, value -> canonical text) for one data field (qlik.md 5)."""
     t = _branch(avro_type)
     logical = t.get("logicalType") if isinstance(t, dict) else None
@@ -155,127 +193,340 @@ def _schemas(options: FormatOptions) -> dict[str, str]:
     return schemas
 
 
-def _image(record: Column, fields: list[tuple[str, Any]], mask: Column) -> tuple[Column, Column]:
-    """(image of the captured columns, whether some column was not captured) for one data record column."""
+# ---------------------------------------------------------------------------------------------------------------
+# Frames: every part of a batch is projected onto the same columns, then unioned and finished once.
+
+_PART_FIELDS: Final = (
+    model.OP,
+    model.VENDOR_OP,
+    model.DATABASE,
+    model.TABLE,
+    model.COLUMNS,
+    model.KEY_COLUMNS,
+    model.BEFORE,
+    model.AFTER,
+    model.AFTER_IS_PARTIAL,
+    model.POSITION,
+    model.EVENT_TIME,
+    model.TXN_ID,
+    model.DDL,
+    model.SUB_INDEX,
+)
+_ERROR: Final = "_qlik_error"
+
+
+def _part(frame: DataFrame, error: Column, **values: Column) -> DataFrame:
+    """The message columns, the canonical columns this format knows (null unless given) and the format error."""
+    types = {f.name: f.dataType for f in model.CANONICAL_SCHEMA.fields}
+    unknown = set(values) - set(_PART_FIELDS)
+    if unknown:
+        raise ValueError(f"not a canonical column of qlik-avro: {sorted(unknown)}")
+    return frame.select(
+        *MESSAGE_COLUMNS,
+        *(values.get(name, F.lit(None)).cast(types[name]).alias(name) for name in _PART_FIELDS),
+        error.cast("string").alias(_ERROR),
+    )
+
+
+def _stage(frame: DataFrame, **columns: Column) -> DataFrame:
+    """Adds named columns that later expressions reference by name (keeps expression trees and planning small)."""
+    return frame.select("*", *(column.alias(name) for name, column in columns.items()))
+
+
+def _envelopes(messages: DataFrame) -> DataFrame:
+    e = F.col("_e")
+    parsed = _stage(messages, _e=from_avro(F.col(MESSAGE_VALUE), ENVELOPE_SCHEMA, {"mode": "PERMISSIVE"}))
+    envelope_ok = e.isNotNull() & e["type"].isNotNull() & (e["magic"] == F.lit(MAGIC.encode()))
+    return _stage(parsed, _envelope_ok=F.coalesce(envelope_ok, F.lit(False)))
+
+
+def _md_records(envelopes: DataFrame) -> DataFrame:
+    """The MD envelopes with ``_definition``: their metadata record as JSON text, decoded with the envelope's own
+    ``messageSchema`` (null when that schema is missing or cannot decode it)."""
+    e = F.col("_e")
+    md = envelopes.where(F.col("_envelope_ok") & (e["type"] == "MD"))
+    texts = sorted({row[0] for row in md.select(e["messageSchema"]).distinct().collect() if row[0] is not None})
+    parts = [md.where(e["messageSchema"].isNull()).withColumn("_definition", F.lit(None).cast("string"))]
+    for text in texts:
+        branch = md.where(e["messageSchema"] == F.lit(text))
+        try:
+            decoded = branch.withColumn("_definition", F.to_json(from_avro(e["message"], text, {"mode": "PERMISSIVE"})))
+        except Exception:  # Spark reports an unusable schema text as a JVM error while analysing the plan
+            decoded = branch.withColumn("_definition", F.lit(None).cast("string"))
+        parts.append(decoded)
+    return reduce(DataFrame.unionByName, parts)
+
+
+def extract_metadata(messages: DataFrame, options: FormatOptions) -> DataFrame:
+    """The MD messages of a batch as metadata rows (``base.METADATA_SCHEMA``); the definition is the metadata
+    record as JSON (the same shape as a qlik-json MD ``message``)."""
+    candidates = messages.where(F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX)) == F.lit(MD_PREFIX))
+    definition = F.col("_definition")
+    return _md_records(_envelopes(candidates)).select(
+        F.lit(NAME).alias("format"),
+        F.upper(F.get_json_object(definition, "$.schemaId")).alias("schema_id"),
+        F.get_json_object(definition, "$.lineage.schema").alias("database"),
+        F.lit(None).cast("string").alias("schema"),
+        F.get_json_object(definition, "$.lineage.table").alias("table"),
+        F.coalesce(F.get_json_object(definition, "$.lineage.tableVersion").cast("bigint"), F.lit(0)).alias(
+            "table_version"
+        ),
+        definition.alias("definition"),
+        md_position().alias("position"),
+    )
+
+
+def _md_events(envelopes: DataFrame, tables: Sequence[QlikTable]) -> DataFrame:
+    """MD messages -> DDL events declaring the columns and key of their MD (looked up by their own schemaId)."""
+    definition = F.col("_definition")
+    schema_id = F.upper(F.get_json_object(definition, "$.schemaId"))
+    table = F.get_json_object(definition, "$.lineage.table")
+    md = join_metadata(_md_records(envelopes), tables, schema_id, F.lit(None), F.lit(None), "_q_")
+    declared = F.transform(
+        F.col("_q_columns"),
+        lambda c: F.struct(
+            c["name"].alias("name"), c["vendor_type"].alias("vendor_type"), c["spark_type"].alias("spark_type")
+        ),
+    )
+    error = first_error(
+        (definition.isNull(), "MD metadata record not decodable with the envelope's messageSchema"),
+        (table.isNull(), "MD message without lineage.table"),
+        (schema_id.isNull(), "MD message without schemaId"),
+        (md_problem("_q_").isNotNull(), md_problem("_q_")),
+    )
+    return _part(
+        md,
+        error,
+        op=F.lit(Op.DDL.value),
+        vendor_op=F.lit("MD"),
+        database=F.get_json_object(definition, "$.lineage.schema"),
+        table=table,
+        columns=declared,
+        key_columns=F.col("_q_keys"),
+        ddl=F.get_json_object(definition, "$.tableStructure"),
+        sub_index=F.lit(0),
+    )
+
+
+@dataclass(frozen=True)
+class _Field:
+    """How one field of a data record becomes a column (qlik.md 4, 5)."""
+
+    name: str
+    ordinal: int
+    spark_type: str
+    vendor_type: str
+    convert: Converter
+    fits: Callable[[Column], Column] | None = None
+
+
+def _replicate_text(spark_type: str) -> tuple[Converter, Converter]:
+    """(value -> canonical text, value -> fits without loss) for Replicate's text of a ``spark_type`` value."""
+
+    def as_text(value: Column) -> Column:
+        return canonical_value(value, F.lit(spark_type))["text"]
+
+    def fits(value: Column) -> Column:
+        return canonical_value(value, F.lit(spark_type))["ok"]
+
+    return as_text, fits
+
+
+def _fields(schema_text: str, md: QlikTable | None) -> tuple[list[_Field], set[str]]:
+    data_fields, header_names = _data_fields(schema_text)
+    fields: list[_Field] = []
+    for position, (name, avro_type) in enumerate(data_fields, start=1):
+        spark_type, convert = _converter(avro_type)
+        column = md.column(name) if md is not None else None
+        if column is None:
+            fields.append(_Field(name, position, spark_type, json.dumps(_branch(avro_type)), convert))
+            continue
+        if spark_type == "string" and _branch(avro_type) == "string" and column.spark_type != "string":
+            # qlik.md 5: without logical types NUMERIC, UINT8, DATE, DATETIME... travel as Replicate's text.
+            as_text, fits = _replicate_text(column.spark_type)
+            fields.append(_Field(name, column.ordinal, column.spark_type, column.vendor_type, as_text, fits))
+            continue
+        fields.append(_Field(name, column.ordinal, spark_type, column.vendor_type, convert))
+    return fields, header_names
+
+
+def _image(record: Column, fields: list[_Field], mask: Column) -> tuple[Column, Column, Column]:
+    """(image of the captured columns, whether some column was not captured, first lossy value's error)."""
     entries: list[Column] = []
     dropped: list[Column] = []
-    for ordinal, (name, avro_type) in enumerate(fields, start=1):
-        _spark, convert = _converter(avro_type)
-        captured = mask.isNull() | mask_bit(F.hex(mask), F.lit(ordinal))
-        entries.append(F.when(captured, F.struct(F.lit(name).alias("k"), convert(record[name]).alias("v"))))
+    errors: list[Column] = []
+    for field in fields:
+        captured = mask.isNull() | mask_bit(F.hex(mask), F.lit(field.ordinal))
+        value = record[field.name]
+        entries.append(F.when(captured, F.struct(F.lit(field.name).alias("k"), field.convert(value).alias("v"))))
         dropped.append(~captured)
+        if field.fits is not None:
+            message = F.format_string(
+                f"value '%s' of column {field.name} does not fit {field.vendor_type} without loss",
+                F.substring(value, 1, 80),
+            )
+            errors.append(F.when(captured & ~field.fits(value), message))
     kept = F.filter(F.array(*entries), lambda e: e.isNotNull())
     image = F.when(record.isNotNull(), F.map_from_entries(kept))
-    return image, F.exists(F.array(*dropped), lambda d: d)
+    error = F.when(record.isNotNull(), F.coalesce(*errors)) if errors else F.lit(None).cast("string")
+    return image, F.exists(F.array(*dropped), lambda d: d), error
 
 
-def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
-    """Qlik Avro envelopes -> canonical events (one per message, two for a transaction's last event)."""
-    raw = F.col(MESSAGE_VALUE)
-    parsed = messages.withColumn("_e", from_avro(raw, ENVELOPE_SCHEMA, {"mode": "PERMISSIVE"}))
+def _dt_events(
+    frame: DataFrame, schema_text: str, md: QlikTable | None, options: FormatOptions, source: str
+) -> DataFrame:
+    """The DT messages of ``frame`` (all written with ``schema_text``) -> row events (+ TXN_END)."""
+    fields, header_names = _fields(schema_text, md)
     e = F.col("_e")
-    envelope_ok = e.isNotNull() & e["type"].isNotNull() & (e["magic"] == F.lit(MAGIC.encode()))
-    is_md = e["type"] == "MD"
-    schema_id = F.upper(e["messageSchemaId"])
-    schemas = _schemas(options)
-    empty_image = F.lit(None).cast("map<string,string>")
-    after_raw: Column = empty_image
-    before_raw: Column = empty_image
-    partial: Column = F.lit(False)
-    columns: Column = F.lit(None).cast(f"array<{model.COLUMN_TYPE.simpleString()}>")
-    headers: Column = F.lit(None).cast(HEADERS_TYPE)
-    matched: Column = F.lit(False)
-    decoded_ok: Column = F.lit(False)
-    for index, (sid, text) in enumerate(sorted(schemas.items())):
-        fields, header_names = _data_fields(text)
-        picked = F.lit(True) if sid == "*" else (schema_id == sid)
-        name = f"_d{index}"
-        parsed = parsed.withColumn(name, F.when(~is_md & picked, from_avro(e["message"], text, {"mode": "PERMISSIVE"})))
-        d = F.col(name)
-        d_headers = _headers(d, header_names)
-        mask = d_headers["columnMask"]
-        after_i, dropped_i = _image(d["data"], fields, mask)
-        before_i, _ = _image(d["beforeData"], fields, mask)
-        columns_i = F.array(
-            *(
-                F.struct(
-                    F.lit(n).alias("name"),
-                    F.lit(json.dumps(_branch(t))).alias("vendor_type"),
-                    F.lit(_converter(t)[0]).alias("spark_type"),
-                )
-                for n, t in fields
-            )
-        )
-        use = ~matched & picked
-        after_raw = F.when(use, after_i).otherwise(after_raw)
-        before_raw = F.when(use, before_i).otherwise(before_raw)
-        partial = F.when(use, dropped_i).otherwise(partial)
-        columns = F.when(use, columns_i).otherwise(columns)
-        headers = F.when(use, d_headers).otherwise(headers)
-        decoded_ok = F.when(use, d.isNotNull() & d_headers["operation"].isNotNull()).otherwise(decoded_ok)
-        matched = matched | picked
-    vendor_op = F.when(is_md, F.lit("MD")).otherwise(headers["operation"])
-    op = op_from_code(vendor_op, {**_ROW_OPERATIONS, "MD": Op.DDL})
-    is_row = op.isin(*(o.value for o in model.ROW_OPS))
+    d = F.col("_d")
+    decoded = _stage(frame, _d=from_avro(e["message"], schema_text, {"mode": "PERMISSIVE"}))
+    decoded = _stage(decoded, _h=_headers(d, header_names))
+    headers = F.col("_h")
+    after_i, dropped_i, after_error = _image(d["data"], fields, headers["columnMask"])
+    before_i, _, before_error = _image(d["beforeData"], fields, headers["columnMask"])
+    decoded = _stage(
+        decoded,
+        _after_raw=after_i,
+        _before_raw=before_i,
+        _dropped=dropped_i,
+        _value_error=F.coalesce(after_error, before_error),
+    )
+    after_raw, before_raw = F.col("_after_raw"), F.col("_before_raw")
+    vendor_op = headers["operation"]
+    op = op_from_code(vendor_op, _ROW_OPERATIONS)
+    is_row = op.isNotNull()
     is_delete = op == Op.DELETE.value
     # qlik.md 3: DELETE row in data, or in beforeData: data ?? beforeData.
     after = F.when(is_row & ~is_delete, after_raw)
     before = F.when(is_delete, F.coalesce(after_raw, before_raw)).when(is_row, before_raw)
     position, event_time, header_checks = position_and_time(headers, op, is_row)
     last_event = F.coalesce(is_row & headers["transactionLastEvent"], F.lit(False))
-    database = F.lit(options["database"]) if options.get("database") else F.lit(None).cast("string")
-    table = F.lit(options["table"]) if options.get("table") else F.col("topic")
-    exploded = parsed.select(
+    if md is not None:
+        database: Column = F.lit(md.database)
+        table: Column = F.lit(md.table)
+    else:
+        database = F.lit(options["database"]) if options.get("database") else F.lit(None).cast("string")
+        table = F.lit(options["table"]) if options.get("table") else F.col("topic")
+    columns = F.array(
+        *(
+            F.struct(
+                F.lit(f.name).alias("name"),
+                F.lit(f.vendor_type).alias("vendor_type"),
+                F.lit(f.spark_type).alias("spark_type"),
+            )
+            for f in fields
+        )
+    )
+    keys = md.key_columns if md is not None else []
+    exploded = decoded.select(
         "*", F.explode(F.when(last_event, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))).alias("_sub")
     )
     txn_end = F.col("_sub") == 1
-    decoded = exploded.select(
-        "*",
-        F.when(txn_end, F.lit(Op.TXN_END.value)).otherwise(op).alias(model.OP),
-        F.when(txn_end, F.lit("transactionLastEvent")).otherwise(vendor_op).alias(model.VENDOR_OP),
-        F.when(~txn_end & ~is_md, database).alias(model.DATABASE),  # MD: the table is inside the metadata record
-        F.when(~txn_end & ~is_md, table).alias(model.TABLE),
-        F.when(is_row & ~txn_end, columns).alias(model.COLUMNS),
-        F.when(is_row & ~txn_end, F.array().cast("array<string>")).alias(model.KEY_COLUMNS),
-        F.when(~txn_end, before).alias(model.BEFORE),
-        F.when(~txn_end, after).alias(model.AFTER),
-        (is_row & ~is_delete & ~txn_end & F.coalesce(partial, F.lit(False))).alias(model.AFTER_IS_PARTIAL),
-        position.alias(model.POSITION),
-        event_time.alias(model.EVENT_TIME),
-        F.when(headers["transactionId"] != "", headers["transactionId"]).alias(model.TXN_ID),
-        F.col("_sub").alias(model.SUB_INDEX),
-    )
     error = first_error(
-        (raw.isNull(), "empty message (null Kafka value)"),
-        (~envelope_ok, "malformed Qlik Avro envelope (not an atMSG MessageEnvelope)"),
-        (~e["type"].isin("DT", "MD"), F.format_string("unknown message type '%s'", e["type"])),
-        (
-            ~is_md & ~matched,
-            F.format_string("no data schema configured for messageSchemaId '%s' (option data_schemas)", schema_id),
-        ),
-        (~is_md & ~decoded_ok, "data message not decodable with the configured data schema"),
+        (d.isNull() | vendor_op.isNull(), f"data message not decodable with the data schema of {source}"),
         (op.isNull(), F.format_string("unknown Qlik operation '%s'", vendor_op)),
         (is_row & ~is_delete & after_raw.isNull(), F.format_string("%s without data", vendor_op)),
         (is_delete & before.isNull(), "DELETE without data or beforeData"),
+        (is_row & F.col("_value_error").isNotNull(), F.col("_value_error")),
         *header_checks,
     )
-    return finish(decoded, NAME, error)
+    return _part(
+        exploded,
+        error,
+        op=F.when(txn_end, F.lit(Op.TXN_END.value)).otherwise(op),
+        vendor_op=F.when(txn_end, F.lit("transactionLastEvent")).otherwise(vendor_op),
+        database=F.when(~txn_end, database),
+        table=F.when(~txn_end, table),
+        columns=F.when(is_row & ~txn_end, columns),
+        key_columns=F.when(is_row & ~txn_end, F.array(*(F.lit(k) for k in keys)).cast("array<string>")),
+        before=F.when(~txn_end, before),
+        after=F.when(~txn_end, after),
+        after_is_partial=is_row & ~is_delete & ~txn_end & F.coalesce(F.col("_dropped"), F.lit(False)),
+        position=position,
+        event_time=event_time,
+        txn_id=F.when(headers["transactionId"] != "", headers["transactionId"]),
+        sub_index=F.col("_sub"),
+    )
+
+
+def _unknown_schema(frame: DataFrame, reason: Column) -> DataFrame:
+    return _part(frame, reason, vendor_op=F.lit("DT"), sub_index=F.lit(0))
+
+
+def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
+    """Qlik Avro envelopes -> canonical events, with the MD messages of the same batch (see the module doc)."""
+    return decode_with_metadata(messages, options, collect_metadata(extract_metadata(messages, options)))
+
+
+def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Sequence[TableMetadata]) -> DataFrame:
+    """Qlik Avro envelopes -> canonical events (one per message, two for a transaction's last event); DT messages
+    are decoded with the dataSchema of their MD message among ``known`` (or an override option)."""
+    overrides = _schemas(options)
+    tables = parse_definitions(known, NAME)
+    by_id = {t.schema_id.upper(): t for t in tables if t.problem is None}
+    latest = latest_versions(tables)
+    envelopes = _envelopes(messages)
+    e = F.col("_e")
+    raw = F.col(MESSAGE_VALUE)
+    broken = envelopes.where(~F.col("_envelope_ok") | ~F.coalesce(e["type"].isin("DT", "MD"), F.lit(False)))
+    parts = [
+        _part(
+            broken,
+            first_error(
+                (raw.isNull(), "empty message (null Kafka value)"),
+                (~F.col("_envelope_ok"), "malformed Qlik Avro envelope (not an atMSG MessageEnvelope)"),
+                (F.lit(True), F.format_string("unknown message type '%s'", e["type"])),
+            ),
+            vendor_op=e["type"],
+            sub_index=F.lit(0),
+        ),
+        _md_events(envelopes, tables),
+    ]
+    data = _stage(envelopes.where(F.col("_envelope_ok") & (e["type"] == "DT")), _sid=F.upper(e["messageSchemaId"]))
+    sid = F.col("_sid")
+    named = (options.get("database") or None, options["table"]) if options.get("table") else None
+    for row in sorted(data.select(sid).distinct().collect(), key=lambda r: r[0] or ""):
+        schema_id: str | None = row[0]
+        subset = data.where(sid == schema_id) if schema_id is not None else data.where(sid.isNull())
+        md = by_id.get(schema_id) if schema_id is not None else (latest.get(named) if named else None)
+        override = (overrides.get(schema_id) if schema_id is not None else None) or overrides.get("*")
+        text = override or (md.data_schema if md is not None else None)
+        if text is None:
+            reason = (
+                f"no MD message known for messageSchemaId '{schema_id}': its dataSchema is needed to decode the data "
+                "message (send the MD first, on any topic of the pipeline, or set the data_schemas option)"
+                if schema_id is not None
+                else "messageSchemaId is null and no data_schema option or MD of the table named by the options "
+                "database/table"
+            )
+            parts.append(_unknown_schema(subset, F.lit(reason)))
+            continue
+        source = "the data_schema(s) option" if override else f"MD {md.schema_id if md else ''}"
+        try:
+            parts.append(_dt_events(subset, text, md, options, source))
+        except Exception as exc:  # an unusable dataSchema in an MD: its messages are dead letters, not a failed batch
+            if override:
+                raise
+            first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            parts.append(_unknown_schema(subset, F.lit(f"the dataSchema of {source} is not usable: {first_line}")))
+    return finish(reduce(DataFrame.unionByName, parts), NAME, F.col(_ERROR))
 
 
 FORMAT: Final = register(
     CdcFormat(
         name=NAME,
-        description="Qlik Replicate Avro (atMSG MessageEnvelope; data schemas configured from the MD messages)",
+        description="Qlik Replicate Avro (atMSG MessageEnvelope; data messages decoded with their MD's dataSchema)",
         decode=decode,
         encoding="binary",
         operations=OPERATIONS,
         options={
-            "data_schema": "the MD dataSchema (Avro JSON) of the topic's table, used for every DT message",
-            "data_schemas": 'JSON object {"<schemaId>": "<dataSchema>"} chosen by messageSchemaId',
-            "database": "database (Qlik schema) of the data messages (default: none)",
-            "table": "table of the data messages (default: the topic)",
+            "data_schema": "override: one dataSchema (Avro JSON) for every DT message, instead of their MD's",
+            "data_schemas": 'override: JSON object {"<schemaId>": "<dataSchema>"} chosen by messageSchemaId',
+            "database": "database (Qlik schema) of DT messages without a known MD (default: none)",
+            "table": "table of DT messages without a known MD (default: the topic)",
         },
         sniff=None,  # binary; README "Recognition": the value starts with the bytes atMSG
         examples=(),
+        metadata=MetadataSupport(extract=extract_metadata, decode=decode_with_metadata),
     )
 )
