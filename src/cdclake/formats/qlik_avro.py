@@ -6,8 +6,9 @@ fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema`
 * **MD messages**: ``message`` is the metadata record, written with the Avro schema in the envelope's own
   ``messageSchema``. It is decoded with that schema (one Spark ``from_avro`` per distinct schema text of the batch)
   and read like a qlik-json MD message (``schemaId``, ``lineage``, ``tableStructure``, ``dataSchema``): it becomes a
-  DDL event declaring the table's columns and key, and the pipeline stores it (``<lake>/_cdclake/metadata``, see
-  :mod:`cdclake.formats.qlik`) so that DT messages of later batches and runs can be decoded.
+  DDL event declaring the table's key and columns (typed as its data messages decode, below), and the pipeline
+  stores it (``<lake>/_cdclake/metadata``, see :mod:`cdclake.formats.qlik`) so that DT messages of later batches and
+  runs can be decoded.
 * **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
   is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
   the schema when the query is planned: the distinct ids of the batch are collected on the driver and each id's
@@ -31,6 +32,7 @@ handling are those of ``qlik-json`` (see its module doc).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ from cdclake.formats.base import (
 from cdclake.formats.qlik import (
     MAGIC,
     OPERATIONS,
+    QlikColumn,
     QlikTable,
     canonical_value,
     join_metadata,
@@ -153,11 +156,13 @@ def _converter(avro_type: Any) -> tuple[str, Converter]:
 def _data_fields(schema_text: str) -> tuple[list[tuple[str, Any]], set[str]]:
     """(data fields in ordinal order, header field names) of a dataSchema."""
     schema = json.loads(schema_text)
-    by_name = {field["name"]: field for field in schema["fields"]}
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    by_name = {f.get("name"): f for f in fields if isinstance(f, dict)} if isinstance(fields, list) else {}
     if "data" not in by_name or "headers" not in by_name:
         raise ValueError("a Qlik dataSchema needs the record fields 'data' and 'headers'")
-    data = _branch(by_name["data"]["type"])
-    headers = _branch(by_name["headers"]["type"])
+    data, headers = _branch(by_name["data"].get("type")), _branch(by_name["headers"].get("type"))
+    if not isinstance(data, dict) or not isinstance(headers, dict) or "fields" not in data or "fields" not in headers:
+        raise ValueError("the fields 'data' and 'headers' of a Qlik dataSchema must be records")
     return [(f["name"], f["type"]) for f in data["fields"]], {f["name"] for f in headers["fields"]}
 
 
@@ -350,6 +355,30 @@ def _fields(schema_text: str, md: QlikTable | None) -> tuple[list[_Field], set[s
     return fields, header_names
 
 
+def _as_decoded(table: QlikTable) -> QlikTable:
+    """The MD with the columns its data messages decode to (types of the dataSchema, see the module doc), so that
+    its DDL event declares the same types as its DT events; unchanged when its dataSchema is not usable."""
+    if table.data_schema is None or table.problem is not None:
+        return table
+    try:
+        fields, _headers_present = _fields(table.data_schema, table)
+    except (ValueError, KeyError, TypeError):
+        return table
+    replicate = {c.name: c for c in table.columns}
+    columns = tuple(
+        QlikColumn(
+            name=f.name,
+            ordinal=f.ordinal,
+            replicate_type=replicate[f.name].replicate_type if f.name in replicate else "",
+            vendor_type=f.vendor_type,
+            spark_type=f.spark_type,
+            key_position=replicate[f.name].key_position if f.name in replicate else 0,
+        )
+        for f in fields
+    )
+    return dataclasses.replace(table, columns=columns)
+
+
 def _image(record: Column, fields: list[_Field], mask: Column) -> tuple[Column, Column, Column]:
     """(image of the captured columns, whether some column was not captured, first lossy value's error)."""
     entries: list[Column] = []
@@ -480,7 +509,7 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
             vendor_op=e["type"],
             sub_index=F.lit(0),
         ),
-        _md_events(envelopes, tables),
+        _md_events(envelopes, [_as_decoded(t) for t in tables]),
     ]
     data = _stage(envelopes.where(F.col("_envelope_ok") & (e["type"] == "DT")), _sid=F.upper(e["messageSchemaId"]))
     sid = F.col("_sid")
