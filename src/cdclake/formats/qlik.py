@@ -195,9 +195,9 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
     """An MD message's definition (the JSON text of its ``message``: schemaId, lineage, tableStructure, dataSchema)."""
 
     def broken(problem: str) -> QlikTable:
-        return QlikTable(
-            metadata.schema_id, metadata.database, metadata.table, metadata.table_version, (), None, problem
-        )
+        return QlikTable(schema_id, metadata.database, metadata.table, metadata.table_version, (), None, problem)
+
+    schema_id = metadata.schema_id.upper()  # DT messageSchemaId is compared upper-case too
 
     try:
         definition = json.loads(metadata.definition)
@@ -228,7 +228,7 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
         return broken("MD columns share an ordinal")
     data_schema = definition.get("dataSchema")
     return QlikTable(
-        schema_id=metadata.schema_id,
+        schema_id=schema_id,
         database=metadata.database,
         table=metadata.table,
         table_version=metadata.table_version,
@@ -238,7 +238,7 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
 
 
 def parse_definitions(known: Iterable[TableMetadata], format_name: str) -> list[QlikTable]:
-    """The known MD messages of ``format_name``, parsed (ids compared upper-case, as DT messages are)."""
+    """The known MD messages of ``format_name``, parsed."""
     return [parse_definition(m) for m in known if m.format == format_name]
 
 
