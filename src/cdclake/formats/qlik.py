@@ -700,7 +700,8 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
             F.format_string("changeMask '%s' is not hex bytes", headers["changeMask"]),
         ),
         (
-            is_row & md & F.coalesce(after_typed["error"], before_typed["error"]).isNotNull(),
+            # Like the shared value checks: the row event is the dead letter, its transaction end is not.
+            is_row & md & ~txn_end & F.coalesce(after_typed["error"], before_typed["error"]).isNotNull(),
             F.coalesce(after_typed["error"], before_typed["error"]),
         ),
         *header_checks,

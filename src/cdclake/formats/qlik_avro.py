@@ -223,6 +223,7 @@ _ERROR: Final = "_qlik_error"
 def _part(frame: DataFrame, error: Column, **values: Column) -> DataFrame:
     """The message columns, the canonical columns this format knows (null unless given) and the format error."""
     types = {f.name: f.dataType for f in model.CANONICAL_SCHEMA.fields}
+    values = {model.AFTER_IS_PARTIAL: F.lit(False), **values}
     unknown = set(values) - set(_PART_FIELDS)
     if unknown:
         raise ValueError(f"not a canonical column of qlik-avro: {sorted(unknown)}")
@@ -456,7 +457,8 @@ def _dt_events(
         (op.isNull(), F.format_string("unknown Qlik operation '%s'", vendor_op)),
         (is_row & ~is_delete & after_raw.isNull(), F.format_string("%s without data", vendor_op)),
         (is_delete & before.isNull(), "DELETE without data or beforeData"),
-        (is_row & F.col("_value_error").isNotNull(), F.col("_value_error")),
+        # Like the shared value checks: the row event is the dead letter, its transaction end is not.
+        (is_row & ~txn_end & F.col("_value_error").isNotNull(), F.col("_value_error")),
         *header_checks,
     )
     return _part(
@@ -506,7 +508,7 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
                 (~F.col("_envelope_ok"), "malformed Qlik Avro envelope (not an atMSG MessageEnvelope)"),
                 (F.lit(True), F.format_string("unknown message type '%s'", e["type"])),
             ),
-            vendor_op=e["type"],
+            vendor_op=F.when(F.col("_envelope_ok"), e["type"]),
             sub_index=F.lit(0),
         ),
         _md_events(envelopes, [_as_decoded(t) for t in tables]),
