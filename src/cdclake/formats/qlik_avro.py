@@ -94,6 +94,8 @@ ENVELOPE_SCHEMA: Final = json.dumps(
 
 MD_PREFIX: Final = MAGIC.encode() + b"\x04MD"
 """First bytes of every MD envelope: the fixed magic, then the Avro string ``MD`` (zig-zag length 2 = 0x04)."""
+DT_PREFIX: Final = MAGIC.encode() + b"\x04DT"
+"""First bytes of every DT envelope."""
 
 _ROW_OPERATIONS: Final = {k: v for k, v in OPERATIONS.items() if k in ("INSERT", "UPDATE", "DELETE", "REFRESH")}
 
@@ -496,10 +498,15 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
     tables = parse_definitions(known, NAME)
     by_id = {t.schema_id.upper(): t for t in tables if t.problem is None}
     latest = latest_versions(tables)
-    envelopes = _envelopes(messages)
+    # The envelope's first bytes tell MD from DT (see MD_PREFIX): each part parses only its own messages.
+    head = F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX))
+    md_envelopes = _envelopes(messages.where(head == F.lit(MD_PREFIX)))
+    dt_envelopes = _envelopes(messages.where(head == F.lit(DT_PREFIX)))
+    other = _envelopes(messages.where(~F.coalesce(head.isin(MD_PREFIX, DT_PREFIX), F.lit(False))))
     e = F.col("_e")
     raw = F.col(MESSAGE_VALUE)
-    broken = envelopes.where(~F.col("_envelope_ok") | ~F.coalesce(e["type"].isin("DT", "MD"), F.lit(False)))
+    ok = F.col("_envelope_ok")
+    broken = reduce(DataFrame.unionByName, [md_envelopes.where(~ok), dt_envelopes.where(~ok), other])
     parts = [
         _part(
             broken,
@@ -511,9 +518,9 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
             vendor_op=F.when(F.col("_envelope_ok"), e["type"]),
             sub_index=F.lit(0),
         ),
-        _md_events(envelopes, [_as_decoded(t) for t in tables]),
+        _md_events(md_envelopes, [_as_decoded(t) for t in tables]),
     ]
-    data = _stage(envelopes.where(F.col("_envelope_ok") & (e["type"] == "DT")), _sid=F.upper(e["messageSchemaId"]))
+    data = _stage(dt_envelopes.where(ok), _sid=F.upper(e["messageSchemaId"]))
     sid = F.col("_sid")
     named = (options.get("database") or None, options["table"]) if options.get("table") else None
     for row in sorted(data.select(sid).distinct().collect(), key=lambda r: r[0] or ""):
