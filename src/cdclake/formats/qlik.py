@@ -12,8 +12,9 @@ its key (``primaryKeyPosition > 0``, in that order) and the Avro ``dataSchema``;
 the pipeline stores every MD message it reads, from any topic of the pipeline and any earlier batch or run
 (``<lake>/_cdclake/metadata``), and decodes DT messages with all of them (:data:`FORMAT` ``metadata``). The plain
 ``decode`` (a format used without a pipeline) knows only the MD messages of its own batch. An MD message itself
-becomes a DDL event (vendor op ``MD``) that declares the table's columns and key, with the ``tableStructure`` JSON
-as its statement, so its table exists in the lake with the right types even before the first row.
+becomes a DDL event (vendor op ``MD``) that declares the table's columns and key, so its table exists in the lake
+with the right types even before the first row; it has no statement text (the definition is not SQL: it is kept in
+the metadata table).
 
 Choices where the spec leaves room (documented for users):
 
@@ -669,9 +670,8 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
         position.alias(model.POSITION),
         event_time.alias(model.EVENT_TIME),
         txn_id.alias(model.TXN_ID),
-        F.when(is_md, F.get_json_object(F.col(MESSAGE_VALUE).cast("string"), "$.message.tableStructure")).alias(
-            model.DDL
-        ),
+        # An MD definition is not a SQL statement: it is kept in the metadata table, not as the event's DDL text.
+        F.lit(None).cast("string").alias(model.DDL),
         F.col("_sub").alias(model.SUB_INDEX),
     )
     hex_mask = r"^([0-9A-Fa-f]{2})*$"

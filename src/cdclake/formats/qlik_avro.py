@@ -6,9 +6,9 @@ fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema`
 * **MD messages**: ``message`` is the metadata record, written with the Avro schema in the envelope's own
   ``messageSchema``. It is decoded with that schema (one Spark ``from_avro`` per distinct schema text of the batch)
   and read like a qlik-json MD message (``schemaId``, ``lineage``, ``tableStructure``, ``dataSchema``): it becomes a
-  DDL event declaring the table's key and columns (typed as its data messages decode, below), and the pipeline
-  stores it (``<lake>/_cdclake/metadata``, see :mod:`cdclake.formats.qlik`) so that DT messages of later batches and
-  runs can be decoded.
+  DDL event (no statement text) declaring the table's key and columns (typed as its data messages decode, below),
+  and the pipeline stores it (``<lake>/_cdclake/metadata``, see :mod:`cdclake.formats.qlik`) so that DT messages
+  of later batches and runs can be decoded.
 * **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
   is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
   the schema when the query is planned: the distinct ids of the batch are collected on the driver and each id's
@@ -311,7 +311,6 @@ def _md_events(envelopes: DataFrame, tables: Sequence[QlikTable]) -> DataFrame:
         table=table,
         columns=declared,
         key_columns=F.col("_q_keys"),
-        ddl=F.get_json_object(definition, "$.tableStructure"),
         sub_index=F.lit(0),
     )
 
