@@ -12,8 +12,9 @@ its key (``primaryKeyPosition > 0``, in that order) and the Avro ``dataSchema``;
 the pipeline stores every MD message it reads, from any topic of the pipeline and any earlier batch or run
 (``<lake>/_cdclake/metadata``), and decodes DT messages with all of them (:data:`FORMAT` ``metadata``). The plain
 ``decode`` (a format used without a pipeline) knows only the MD messages of its own batch. An MD message itself
-becomes a DDL event (vendor op ``MD``) that declares the table's columns and key, with the ``tableStructure`` JSON
-as its statement, so its table exists in the lake with the right types even before the first row.
+becomes a DDL event (vendor op ``MD``) that declares the table's columns and key, so its table exists in the lake
+with the right types even before the first row; it has no statement text (the definition is not SQL: it is kept in
+the metadata table).
 
 Choices where the spec leaves room (documented for users):
 
@@ -195,9 +196,9 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
     """An MD message's definition (the JSON text of its ``message``: schemaId, lineage, tableStructure, dataSchema)."""
 
     def broken(problem: str) -> QlikTable:
-        return QlikTable(
-            metadata.schema_id, metadata.database, metadata.table, metadata.table_version, (), None, problem
-        )
+        return QlikTable(schema_id, metadata.database, metadata.table, metadata.table_version, (), None, problem)
+
+    schema_id = metadata.schema_id.upper()  # DT messageSchemaId is compared upper-case too
 
     try:
         definition = json.loads(metadata.definition)
@@ -228,7 +229,7 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
         return broken("MD columns share an ordinal")
     data_schema = definition.get("dataSchema")
     return QlikTable(
-        schema_id=metadata.schema_id,
+        schema_id=schema_id,
         database=metadata.database,
         table=metadata.table,
         table_version=metadata.table_version,
@@ -238,7 +239,7 @@ def parse_definition(metadata: TableMetadata) -> QlikTable:
 
 
 def parse_definitions(known: Iterable[TableMetadata], format_name: str) -> list[QlikTable]:
-    """The known MD messages of ``format_name``, parsed (ids compared upper-case, as DT messages are)."""
+    """The known MD messages of ``format_name``, parsed."""
     return [parse_definition(m) for m in known if m.format == format_name]
 
 
@@ -669,9 +670,8 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
         position.alias(model.POSITION),
         event_time.alias(model.EVENT_TIME),
         txn_id.alias(model.TXN_ID),
-        F.when(is_md, F.get_json_object(F.col(MESSAGE_VALUE).cast("string"), "$.message.tableStructure")).alias(
-            model.DDL
-        ),
+        # An MD definition is not a SQL statement: it is kept in the metadata table, not as the event's DDL text.
+        F.lit(None).cast("string").alias(model.DDL),
         F.col("_sub").alias(model.SUB_INDEX),
     )
     hex_mask = r"^([0-9A-Fa-f]{2})*$"
@@ -700,7 +700,8 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
             F.format_string("changeMask '%s' is not hex bytes", headers["changeMask"]),
         ),
         (
-            is_row & md & F.coalesce(after_typed["error"], before_typed["error"]).isNotNull(),
+            # Like the shared value checks: the row event is the dead letter, its transaction end is not.
+            is_row & md & ~txn_end & F.coalesce(after_typed["error"], before_typed["error"]).isNotNull(),
             F.coalesce(after_typed["error"], before_typed["error"]),
         ),
         *header_checks,

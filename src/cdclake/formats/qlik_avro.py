@@ -6,8 +6,9 @@ fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema`
 * **MD messages**: ``message`` is the metadata record, written with the Avro schema in the envelope's own
   ``messageSchema``. It is decoded with that schema (one Spark ``from_avro`` per distinct schema text of the batch)
   and read like a qlik-json MD message (``schemaId``, ``lineage``, ``tableStructure``, ``dataSchema``): it becomes a
-  DDL event declaring the table's columns and key, and the pipeline stores it (``<lake>/_cdclake/metadata``, see
-  :mod:`cdclake.formats.qlik`) so that DT messages of later batches and runs can be decoded.
+  DDL event (no statement text) declaring the table's key and columns (typed as its data messages decode, below),
+  and the pipeline stores it (``<lake>/_cdclake/metadata``, see :mod:`cdclake.formats.qlik`) so that DT messages
+  of later batches and runs can be decoded.
 * **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
   is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
   the schema when the query is planned: the distinct ids of the batch are collected on the driver and each id's
@@ -31,6 +32,7 @@ handling are those of ``qlik-json`` (see its module doc).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ from cdclake.formats.base import (
 from cdclake.formats.qlik import (
     MAGIC,
     OPERATIONS,
+    QlikColumn,
     QlikTable,
     canonical_value,
     join_metadata,
@@ -91,6 +94,8 @@ ENVELOPE_SCHEMA: Final = json.dumps(
 
 MD_PREFIX: Final = MAGIC.encode() + b"\x04MD"
 """First bytes of every MD envelope: the fixed magic, then the Avro string ``MD`` (zig-zag length 2 = 0x04)."""
+DT_PREFIX: Final = MAGIC.encode() + b"\x04DT"
+"""First bytes of every DT envelope."""
 
 _ROW_OPERATIONS: Final = {k: v for k, v in OPERATIONS.items() if k in ("INSERT", "UPDATE", "DELETE", "REFRESH")}
 
@@ -153,11 +158,13 @@ def _converter(avro_type: Any) -> tuple[str, Converter]:
 def _data_fields(schema_text: str) -> tuple[list[tuple[str, Any]], set[str]]:
     """(data fields in ordinal order, header field names) of a dataSchema."""
     schema = json.loads(schema_text)
-    by_name = {field["name"]: field for field in schema["fields"]}
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    by_name = {f.get("name"): f for f in fields if isinstance(f, dict)} if isinstance(fields, list) else {}
     if "data" not in by_name or "headers" not in by_name:
         raise ValueError("a Qlik dataSchema needs the record fields 'data' and 'headers'")
-    data = _branch(by_name["data"]["type"])
-    headers = _branch(by_name["headers"]["type"])
+    data, headers = _branch(by_name["data"].get("type")), _branch(by_name["headers"].get("type"))
+    if not isinstance(data, dict) or not isinstance(headers, dict) or "fields" not in data or "fields" not in headers:
+        raise ValueError("the fields 'data' and 'headers' of a Qlik dataSchema must be records")
     return [(f["name"], f["type"]) for f in data["fields"]], {f["name"] for f in headers["fields"]}
 
 
@@ -218,6 +225,7 @@ _ERROR: Final = "_qlik_error"
 def _part(frame: DataFrame, error: Column, **values: Column) -> DataFrame:
     """The message columns, the canonical columns this format knows (null unless given) and the format error."""
     types = {f.name: f.dataType for f in model.CANONICAL_SCHEMA.fields}
+    values = {model.AFTER_IS_PARTIAL: F.lit(False), **values}
     unknown = set(values) - set(_PART_FIELDS)
     if unknown:
         raise ValueError(f"not a canonical column of qlik-avro: {sorted(unknown)}")
@@ -303,7 +311,6 @@ def _md_events(envelopes: DataFrame, tables: Sequence[QlikTable]) -> DataFrame:
         table=table,
         columns=declared,
         key_columns=F.col("_q_keys"),
-        ddl=F.get_json_object(definition, "$.tableStructure"),
         sub_index=F.lit(0),
     )
 
@@ -348,6 +355,30 @@ def _fields(schema_text: str, md: QlikTable | None) -> tuple[list[_Field], set[s
             continue
         fields.append(_Field(name, column.ordinal, spark_type, column.vendor_type, convert))
     return fields, header_names
+
+
+def _as_decoded(table: QlikTable) -> QlikTable:
+    """The MD with the columns its data messages decode to (types of the dataSchema, see the module doc), so that
+    its DDL event declares the same types as its DT events; unchanged when its dataSchema is not usable."""
+    if table.data_schema is None or table.problem is not None:
+        return table
+    try:
+        fields, _headers_present = _fields(table.data_schema, table)
+    except (ValueError, KeyError, TypeError):
+        return table
+    replicate = {c.name: c for c in table.columns}
+    columns = tuple(
+        QlikColumn(
+            name=f.name,
+            ordinal=f.ordinal,
+            replicate_type=replicate[f.name].replicate_type if f.name in replicate else "",
+            vendor_type=f.vendor_type,
+            spark_type=f.spark_type,
+            key_position=replicate[f.name].key_position if f.name in replicate else 0,
+        )
+        for f in fields
+    )
+    return dataclasses.replace(table, columns=columns)
 
 
 def _image(record: Column, fields: list[_Field], mask: Column) -> tuple[Column, Column, Column]:
@@ -427,7 +458,8 @@ def _dt_events(
         (op.isNull(), F.format_string("unknown Qlik operation '%s'", vendor_op)),
         (is_row & ~is_delete & after_raw.isNull(), F.format_string("%s without data", vendor_op)),
         (is_delete & before.isNull(), "DELETE without data or beforeData"),
-        (is_row & F.col("_value_error").isNotNull(), F.col("_value_error")),
+        # Like the shared value checks: the row event is the dead letter, its transaction end is not.
+        (is_row & ~txn_end & F.col("_value_error").isNotNull(), F.col("_value_error")),
         *header_checks,
     )
     return _part(
@@ -465,10 +497,15 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
     tables = parse_definitions(known, NAME)
     by_id = {t.schema_id.upper(): t for t in tables if t.problem is None}
     latest = latest_versions(tables)
-    envelopes = _envelopes(messages)
+    # The envelope's first bytes tell MD from DT (see MD_PREFIX): each part parses only its own messages.
+    head = F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX))
+    md_envelopes = _envelopes(messages.where(head == F.lit(MD_PREFIX)))
+    dt_envelopes = _envelopes(messages.where(head == F.lit(DT_PREFIX)))
+    other = _envelopes(messages.where(~F.coalesce(head.isin(MD_PREFIX, DT_PREFIX), F.lit(False))))
     e = F.col("_e")
     raw = F.col(MESSAGE_VALUE)
-    broken = envelopes.where(~F.col("_envelope_ok") | ~F.coalesce(e["type"].isin("DT", "MD"), F.lit(False)))
+    ok = F.col("_envelope_ok")
+    broken = reduce(DataFrame.unionByName, [md_envelopes.where(~ok), dt_envelopes.where(~ok), other])
     parts = [
         _part(
             broken,
@@ -477,12 +514,12 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
                 (~F.col("_envelope_ok"), "malformed Qlik Avro envelope (not an atMSG MessageEnvelope)"),
                 (F.lit(True), F.format_string("unknown message type '%s'", e["type"])),
             ),
-            vendor_op=e["type"],
+            vendor_op=F.when(F.col("_envelope_ok"), e["type"]),
             sub_index=F.lit(0),
         ),
-        _md_events(envelopes, tables),
+        _md_events(md_envelopes, [_as_decoded(t) for t in tables]),
     ]
-    data = _stage(envelopes.where(F.col("_envelope_ok") & (e["type"] == "DT")), _sid=F.upper(e["messageSchemaId"]))
+    data = _stage(dt_envelopes.where(ok), _sid=F.upper(e["messageSchemaId"]))
     sid = F.col("_sid")
     named = (options.get("database") or None, options["table"]) if options.get("table") else None
     for row in sorted(data.select(sid).distinct().collect(), key=lambda r: r[0] or ""):
