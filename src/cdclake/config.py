@@ -20,6 +20,7 @@ Example::
     topic_formats: {dw.legacy: dataworks-json}     # per-topic override
     keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
+    transactions: {consistent: true}               # apply only complete source transactions (README)
 """
 
 from __future__ import annotations
@@ -46,7 +47,16 @@ FIXES: dict[str, str] = {
     "topic_formats": "map each topic to a name listed by `cdclake formats`",
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
+    "transactions": (
+        "use `transactions: {consistent: true}`, optionally with the limits `max_open_seconds: 600` and "
+        "`max_pending_messages: 100000` (both > 0)"
+    ),
 }
+
+DEFAULT_TRANSACTION_MAX_OPEN_SECONDS = 600.0
+"""Transaction-consistent mode: a transaction open longer than this (source event time) is applied anyway."""
+DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES = 100_000
+"""Transaction-consistent mode: a transaction holding back more messages than this is applied anyway."""
 
 
 class _Strict(BaseModel):
@@ -107,6 +117,16 @@ class TriggerConfig(_Strict):
     available_now: bool = False
 
 
+class TransactionsConfig(_Strict):
+    """Transaction-consistent mode: where the format marks transaction boundaries, a batch applies only complete
+    source transactions; an open one is held back (at most ``max_open_seconds`` of source time and
+    ``max_pending_messages`` messages, then applied anyway with a warning)."""
+
+    consistent: bool = False
+    max_open_seconds: float = Field(default=DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, gt=0)
+    max_pending_messages: int = Field(default=DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES, gt=0)
+
+
 class PipelineConfig(_Strict):
     """A ``cdclake run`` configuration file."""
 
@@ -120,6 +140,7 @@ class PipelineConfig(_Strict):
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
+    transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
     spark: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("keys")
