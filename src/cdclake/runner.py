@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import PipelineConfig
 from cdclake.formats.base import MESSAGE_COLUMNS
-from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
+from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
 from cdclake.sources import files, kafka
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,9 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         keys={k: list(v) for k, v in config.keys.items()},
         tombstone_retention_seconds=int(config.tombstone_retention_hours * 3600),
         name=config.name,
+        transaction_consistent=config.transactions.consistent,
+        transaction_max_open_seconds=config.transactions.max_open_seconds,
+        transaction_max_pending_messages=config.transactions.max_pending_messages,
     )
 
 
@@ -180,8 +183,13 @@ def replay(
     format_options: Mapping[str, str] | None = None,
     batch_lines: int = 1_000_000,
     on_batch: BatchCallback | None = None,
+    transaction_consistent: bool = False,
 ) -> list[BatchResult]:
-    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path."""
+    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
+
+    With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
+    pending table (a warning says how many); a later replay of the files that follow picks them up.
+    """
     checked = files.check_files(paths)
     settings = PipelineSettings(
         lake=lake,
@@ -190,6 +198,7 @@ def replay(
         format_options={format_name: dict(format_options or {})},
         keys={k: list(v) for k, v in (keys or {}).items()},
         name="replay",
+        transaction_consistent=transaction_consistent,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []
@@ -200,4 +209,11 @@ def replay(
             results.append(result)
             if on_batch is not None:
                 on_batch(result)
+    if transaction_consistent and (held := pipeline.pending_transaction_messages()):
+        log.warning(
+            "%s messages of source transactions without their end marker are held back in %s/_cdclake/%s",
+            held,
+            lake.rstrip("/"),
+            PENDING_TRANSACTIONS,
+        )
     return results

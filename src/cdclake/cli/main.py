@@ -60,6 +60,13 @@ def replay(
         typer.Option(help="Key columns for a table whose messages carry none: db.table=c1,c2"),
     ] = None,
     batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
+    transaction_consistent: Annotated[
+        bool,
+        typer.Option(
+            "--transaction-consistent",
+            help="Apply only complete source transactions (formats that mark them); hold open ones back.",
+        ),
+    ] = False,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
@@ -87,6 +94,7 @@ def replay(
             encoding=input_encoding,  # type: ignore[arg-type]
             keys=key_map,
             batch_lines=batch_lines,
+            transaction_consistent=transaction_consistent,
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)
