@@ -324,6 +324,7 @@ class Pipeline:
             held_count = held.count()
             ready = events.join(held, _COORDINATES, "left_anti") if held_count else events
             result = self._process(ready, batch_id, txn)
+            # Nothing held before and nothing now: the stored generation says so already, no commit needed.
             if held_count or pending.held_messages:
                 self._write_pending(pending, events.join(held, _COORDINATES, "left_semi"), held_count, batch_id, txn)
             if held_count:
@@ -384,8 +385,7 @@ class Pipeline:
         by_id = self._boundary_formats(Op.TXN_END)
         if by_id:
             with_id = ok & F.col(model.TXN_ID).isNotNull() & F.col(model.FORMAT).isin(*by_id)
-            begun_by_marker = self._boundary_formats(Op.TXN_BEGIN)
-            needs_begin = F.col(model.FORMAT).isin(*begun_by_marker) if begun_by_marker else F.lit(False)
+            needs_begin = F.col(model.FORMAT).isin(*positional) if positional else F.lit(False)
             open_ids = (
                 events.where(with_id)
                 .groupBy(model.FORMAT, model.TXN_ID)
@@ -446,8 +446,8 @@ class Pipeline:
             )
         return sorted(str(row["_transaction"]) for row in stats)
 
-    def _read_pending(self, batch_id: int) -> _PendingGeneration:
-        """The newest stored generation of held messages of this pipeline, except one this same batch wrote
+    def _read_pending(self, batch_id: int | None) -> _PendingGeneration:
+        """The newest stored generation of held messages of this pipeline, except one that batch ``batch_id`` wrote
         (a re-run after the write must see what the first run saw). The table keeps two generations per pipeline:
         the newest and the one it was built on."""
         stored = self.sink.read_system_snapshot(PENDING_TRANSACTIONS)
@@ -459,7 +459,7 @@ class Pipeline:
             for row in mine.where(F.col("generation_header"))
             .select("generation", "app_id", "batch_id", "held_messages")
             .collect()
-            if (row["app_id"], row["batch_id"]) != (self.settings.app_id, batch_id)
+            if batch_id is None or (row["app_id"], row["batch_id"]) != (self.settings.app_id, batch_id)
         ]
         if not generations:
             return _PendingGeneration(0, 0, None)
@@ -489,18 +489,13 @@ class Pipeline:
             F.lit(False).alias("generation_header"),
             F.lit(None).cast("bigint").alias("held_messages"),
             *[F.col(canonical).alias(name) for name, canonical in _MESSAGE_OF_EVENT.items()],
-        ).dropDuplicates([model.TOPIC, model.PARTITION, model.OFFSET])
-        header = messages.limit(0).unionByName(
-            self.spark.range(1).select(
-                *stamp,
-                F.lit(True).alias("generation_header"),
-                F.lit(held_count).cast("bigint").alias("held_messages"),
-            ),
-            allowMissingColumns=True,
+        ).dropDuplicates(_COORDINATES)
+        header = self.spark.range(1).select(
+            *stamp, F.lit(True).alias("generation_header"), F.lit(held_count).cast("bigint").alias("held_messages")
         )
         self.sink.replace_partition(
             PENDING_TRANSACTIONS,
-            messages.unionByName(header),
+            messages.unionByName(header, allowMissingColumns=True),
             ("pipeline", self.settings.name),
             keep=("generation", base.generation) if base.generation else None,
             txn=txn,
@@ -508,7 +503,7 @@ class Pipeline:
 
     def pending_transaction_messages(self) -> int:
         """How many messages of open source transactions this pipeline holds back (transaction-consistent mode)."""
-        return self._read_pending(-1).held_messages
+        return self._read_pending(None).held_messages
 
     # -------------------------------------------------------------------------------------------------------------
     # Bookkeeping tables
