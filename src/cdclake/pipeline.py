@@ -320,8 +320,7 @@ class Pipeline:
         events = self.decode(messages).persist(StorageLevel.MEMORY_AND_DISK)
         held: DataFrame | None = None
         try:
-            held = self._held_coordinates(events).persist(StorageLevel.MEMORY_AND_DISK)
-            held_count = held.count()
+            held, held_count = self._held_coordinates(events)
             ready = events.join(held, _COORDINATES, "left_anti") if held_count else events
             result = self._process(ready, batch_id, txn)
             # Nothing held before and nothing now: the stored generation says so already, no commit needed.
@@ -340,8 +339,9 @@ class Pipeline:
         names = {self.settings.default_format, *self.settings.topic_formats.values()} - {None}
         return sorted(str(name) for name in names if op in get_format(str(name)).operations.values())
 
-    def _held_coordinates(self, events: DataFrame) -> DataFrame:
-        """Topic, partition and offset of every message with an event of a still open source transaction.
+    def _held_coordinates(self, events: DataFrame) -> tuple[DataFrame, int]:
+        """Topic, partition and offset of every message with an event of a still open source transaction (cached:
+        unpersist it), and how many there are.
 
         A transaction is open when its events are in the data seen so far (held messages and this batch) but its
         end marker is not:
@@ -403,25 +403,36 @@ class Pipeline:
                 )
             )
         if not members:
-            return events.select(*_COORDINATES).limit(0)
-        held = reduce(DataFrame.unionByName, members)
-        released = self._past_limits(events, held)
-        if released:
-            held = held.where(~F.col("_transaction").isin(*released))
-        return held.select(*_COORDINATES).distinct()
+            return events.select(*_COORDINATES).limit(0), 0
+        # One row per transaction and message, cached: the limits and the held set are both read from it.
+        held_by_transaction = (
+            reduce(DataFrame.unionByName, members)
+            .groupBy("_transaction", *_COORDINATES)
+            .agg(F.min(model.EVENT_TIME).alias(model.EVENT_TIME))
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        try:
+            released = self._past_limits(events, held_by_transaction)
+            still_open = ~F.col("_transaction").isin(*released) if released else F.lit(True)
+            held = (
+                held_by_transaction.where(still_open)
+                .select(*_COORDINATES)
+                .distinct()
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            return held, held.count()
+        finally:
+            held_by_transaction.unpersist()
 
-    def _past_limits(self, events: DataFrame, held: DataFrame) -> list[str]:
+    def _past_limits(self, events: DataFrame, held_by_transaction: DataFrame) -> list[str]:
         """Open transactions to apply anyway: open for longer than ``transaction_max_open_seconds`` (from their
         oldest event to the newest event seen, source event time, so a re-run decides the same) or holding more
         than ``transaction_max_pending_messages`` messages. Logs a warning for each."""
         settings = self.settings
         newest = events.agg(F.max(model.EVENT_TIME).alias("_newest"))
         stats = (
-            held.groupBy("_transaction")
-            .agg(
-                F.min(model.EVENT_TIME).alias("_oldest"),
-                F.count_distinct(*[F.col(c) for c in _COORDINATES]).alias("_messages"),
-            )
+            held_by_transaction.groupBy("_transaction")
+            .agg(F.min(model.EVENT_TIME).alias("_oldest"), F.count("*").alias("_messages"))
             .crossJoin(newest)
             .select(
                 "_transaction",
