@@ -20,7 +20,7 @@ from cdclake.config import parse_config
 from cdclake.devtools.verify import compare_lake, describe, read_table
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline import PENDING_TRANSACTIONS, Pipeline, PipelineSettings
-from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render
+from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
 from cdclake.workload.dataworks import dumps, heartbeat
 
 TOPIC = "dw.all"
@@ -225,6 +225,39 @@ def test_a_transaction_whose_end_never_arrives_is_applied_after_the_limit(
     assert "without its end marker" in warning
     assert f"from {TOPIC}[0] offset" in warning
     assert "limit 600" in warning
+
+
+@pytest.mark.spark
+def test_cli_replay_transaction_consistent_leaves_the_unfinished_transaction_pending(
+    spark, lake: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from typer.testing import CliRunner
+
+    from cdclake.cli.main import app
+
+    history = _history(seed=35, events=40)
+    messages = _messages(history, seed=35, failover_resends=0, malformed=0)
+    # The capture ends right after the first change of a transaction in the second half of the stream.
+    begin = next(
+        i
+        for i, m in enumerate(messages)
+        if i > len(messages) // 2
+        and m.description == "TRANSACTION_BEGIN"
+        and messages[i + 1].description.split(" ")[0] in CHANGE_MESSAGES
+    )
+    captured = messages[: begin + 2]
+    path = tmp_path / "dw.jsonl"
+    path.write_text(to_jsonl(captured), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="cdclake.runner"):
+        done = CliRunner().invoke(
+            app, ["replay", "--format", "dataworks-json", "--lake", lake, "--transaction-consistent", str(path)]
+        )
+    assert done.exit_code == 0, done.output
+    complete = _committed_changes(captured, complete_transactions=True)
+    assert complete < _committed_changes(captured, complete_transactions=False)
+    _assert_lake_equals(lake, _truth_after(history, complete), "replay ending inside a transaction")
+    assert "2 messages of source transactions without their end marker are held back" in caplog.text
+    assert _held(spark, lake) == [begin, begin + 1]
 
 
 def _maxwell(row_id: int, xid: int | None, *, commit: bool = False, kind: str = "insert") -> Message:
