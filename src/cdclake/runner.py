@@ -188,7 +188,8 @@ def replay(
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
-    pending table (a warning says how many); a later replay of the files that follow picks them up.
+    pending table (a warning says how many). A later replay into the same lake decodes them again with its first
+    batch, but each file is its own stream: they are applied once they pass the limits.
     """
     checked = files.check_files(paths)
     settings = PipelineSettings(
