@@ -25,6 +25,7 @@ Example::
     history:                                       # optional history tables (README: History tables)
       changelog: true                              # every table, or a list: [crm.customer, shop.orders]
       scd2: [crm.customer]
+    transactions: {consistent: true}               # apply only complete source transactions (README)
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ FIXES: dict[str, str] = {
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
     "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
     "or a list of `db.table` names",
+    "transactions": (
+        "use `transactions: {consistent: true}`, optionally with the limits `max_open_seconds: 600` and "
+        "`max_pending_messages: 100000` (both > 0)"
+    ),
 }
+
+DEFAULT_TRANSACTION_MAX_OPEN_SECONDS = 600.0
+"""Transaction-consistent mode: a transaction open longer than this (source event time) is applied anyway."""
+DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES = 100_000
+"""Transaction-consistent mode: a transaction holding back more messages than this is applied anyway."""
 
 
 class _Strict(BaseModel):
@@ -143,6 +153,16 @@ class HistoryTablesConfig(_Strict):
         return value
 
 
+class TransactionsConfig(_Strict):
+    """Transaction-consistent mode: where the format marks transaction boundaries, a batch applies only complete
+    source transactions; an open one is held back (at most ``max_open_seconds`` of source time and
+    ``max_pending_messages`` messages, then applied anyway with a warning)."""
+
+    consistent: bool = False
+    max_open_seconds: float = Field(default=DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, gt=0)
+    max_pending_messages: int = Field(default=DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES, gt=0)
+
+
 class PipelineConfig(_Strict):
     """A ``cdclake run`` configuration file."""
 
@@ -159,6 +179,7 @@ class PipelineConfig(_Strict):
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
+    transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
     spark: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("keys")

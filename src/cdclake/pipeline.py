@@ -9,6 +9,10 @@ Per batch, in this order (each commit idempotent for the batch, see cdclake.sink
 4. keyed changes -> fold per key -> gate by tombstones -> per table: truncate, then one MERGE;
    opt-in history tables (changelog, SCD2) from the unfolded changes, see cdclake.sinks.history;
 5. tombstones, schema changes (DDL text as received) and progress rows.
+
+In transaction-consistent mode (``PipelineSettings.transaction_consistent``) the messages held back by the previous
+batch are decoded first, together with the batch, and the messages of source transactions still open after it are
+held back again instead of applied (see :meth:`Pipeline._process_complete_transactions`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,16 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
+from cdclake.config import DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
 from cdclake.formats import get_format
-from cdclake.formats.base import METADATA_SCHEMA, TableMetadata, collect_metadata, unique_metadata
+from cdclake.formats.base import (
+    MESSAGE_COLUMNS,
+    METADATA_SCHEMA,
+    TableMetadata,
+    collect_metadata,
+    unique_metadata,
+)
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn
@@ -47,6 +58,21 @@ SCHEMA_CHANGE_ROW = (
 def _sub_txn(txn: Txn | None, step: str) -> Txn | None:
     """The commit marker of one step of a batch that writes the same table more than once."""
     return None if txn is None else Txn(f"{txn.app_id}/{step}", txn.version)
+
+
+PENDING_TRANSACTIONS = "pending_transactions"
+
+_MESSAGE_OF_EVENT = dict(
+    zip(
+        MESSAGE_COLUMNS,
+        (model.RAW_KEY, model.RAW_VALUE, model.TOPIC, model.PARTITION, model.OFFSET, model.KAFKA_TIMESTAMP),
+        strict=True,
+    )
+)
+"""Raw message column -> the canonical column that keeps it (as ``cdclake.formats.base.finish`` fills them), so
+that held messages can be stored from their decoded events and decoded again later."""
+_COORDINATES = [model.TOPIC, model.PARTITION, model.OFFSET]
+"""Identify one message."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,12 @@ class PipelineSettings:
         dead_letter_handler: when set, receives each batch's dead-letter rows (the ``dead_letters`` columns) instead
             of the ``dead_letters`` table; ``cdclake dlq replay`` records messages that fail again as replay
             outcomes, so one message is never dead-lettered twice.
+        transaction_consistent: apply only complete source transactions where the format marks their boundaries;
+            hold the messages of open ones back for a later batch (README "Transaction-consistent mode").
+        transaction_max_open_seconds: an open transaction whose first event is older than the newest event seen
+            by more than this (source event time) is applied anyway, with a warning.
+        transaction_max_pending_messages: an open transaction holding back more messages than this is applied
+            anyway, with a warning.
     """
 
     lake: str
@@ -89,6 +121,9 @@ class PipelineSettings:
     changelog: history.TableSelection = False
     scd2: history.TableSelection = False
     dead_letter_handler: Callable[[DataFrame], None] | None = None
+    transaction_consistent: bool = False
+    transaction_max_open_seconds: float = DEFAULT_TRANSACTION_MAX_OPEN_SECONDS
+    transaction_max_pending_messages: int = DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
 
 
 @dataclass
@@ -112,6 +147,17 @@ class BatchResult:
             yield
         finally:
             self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class _PendingGeneration:
+    """The stored generation of held messages (transaction-consistent mode) that a batch builds on."""
+
+    generation: int
+    """Increases with each write; 0 when nothing is stored."""
+    held_messages: int
+    messages: DataFrame | None
+    """The held raw messages; None when there are none."""
 
 
 class Pipeline:
@@ -194,12 +240,18 @@ class Pipeline:
     def process_batch(self, messages: DataFrame, batch_id: int, *, txn: bool = True) -> BatchResult:
         """Decodes and applies one batch. Safe to call again with the same ``batch_id`` after a failure."""
         marker = Txn(self.settings.app_id, batch_id) if txn else None
-        events = apply.sequenced(self.decode(messages), self.settings.sequence_by)
-        events = events.persist(StorageLevel.MEMORY_AND_DISK)
+        if self.settings.transaction_consistent:
+            return self._process_complete_transactions(messages, batch_id, marker)
+        events = self._decoded(messages, marker)
         try:
             return self._process(events, batch_id, marker)
         finally:
             events.unpersist()
+
+    def _decoded(self, messages: DataFrame, txn: Txn | None) -> DataFrame:
+        """The batch's canonical events, ordered by ``sequence_by`` where configured (cached: unpersist them)."""
+        events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
+        return events.persist(StorageLevel.MEMORY_AND_DISK)
 
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
         result = BatchResult(batch_id)
@@ -380,6 +432,220 @@ class Pipeline:
                     lost = this_table & text.isNotNull() & model.typed_value(text, table_type).isNull()
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
         return reason
+
+    # -------------------------------------------------------------------------------------------------------------
+    # Transaction-consistent mode
+
+    def _process_complete_transactions(self, messages: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
+        """Applies the events of complete source transactions only; the messages of open ones are stored in the
+        pending table and decoded again, before the next batch's messages, with the next batch.
+
+        Idempotent like :meth:`_process`: the batch reads the pending generation it builds on (never its own
+        write), applies the ready events with the batch's marker, and only then stores the held messages, with the
+        same marker. A re-run after a crash at any point therefore sees the same messages, makes the same split
+        (the limits depend on the data only, never on the clock) and skips the commits that already happened.
+        """
+        pending = self._read_pending(batch_id)
+        if pending.messages is not None:
+            messages = pending.messages.unionByName(messages, allowMissingColumns=True)
+        events = self._decoded(messages, txn)
+        held: DataFrame | None = None
+        try:
+            held, held_count = self._held_coordinates(events)
+            ready = events.join(held, _COORDINATES, "left_anti") if held_count else events
+            result = self._process(ready, batch_id, txn)
+            # Nothing held before and nothing now: the stored generation says so already, no commit needed.
+            if held_count or pending.held_messages:
+                self._write_pending(pending, events.join(held, _COORDINATES, "left_semi"), held_count, batch_id, txn)
+            if held_count:
+                log.info("batch %s: %s messages of open source transactions held back", batch_id, held_count)
+            return result
+        finally:
+            if held is not None:
+                held.unpersist()
+            events.unpersist()
+
+    def _boundary_formats(self, op: Op) -> list[str]:
+        """Configured formats that have ``op`` (TXN_BEGIN or TXN_END) among their operations."""
+        names = {self.settings.default_format, *self.settings.topic_formats.values()} - {None}
+        return sorted(str(name) for name in names if op in get_format(str(name)).operations.values())
+
+    def _held_coordinates(self, events: DataFrame) -> tuple[DataFrame, int]:
+        """Topic, partition and offset of every message with an event of a still open source transaction (cached:
+        unpersist it), and how many there are.
+
+        A transaction is open when its events are in the data seen so far (held messages and this batch) but its
+        end marker is not:
+
+        * by position, for formats with TXN_BEGIN markers: in a Kafka partition whose last TXN_BEGIN comes after
+          its last TXN_END, every event from that TXN_BEGIN on (DataWorks, DTS: markers without usable ids);
+        * by id, for formats with TXN_END markers: the events with a ``txn_id`` for which no TXN_END with that id
+          has been seen, in any partition (Maxwell and Qlik mark the last event; Debezium's END comes on the
+          transaction topic). Formats that also have TXN_BEGIN markers (Debezium, DTS) open a transaction only
+          with its TXN_BEGIN, so that data events arriving after their END (another topic read later) are not
+          held for ever.
+
+        An open transaction beyond the limits (settings) is applied anyway, with a warning: a lost end marker
+        must not stall the lake. Events without transaction information are never held.
+        """
+        ok = F.col(model.ERROR).isNull()
+        op = F.col(model.OP)
+        begins = ok & (op == Op.TXN_BEGIN.value)
+        ends = ok & (op == Op.TXN_END.value)
+        members: list[DataFrame] = []
+        positional = self._boundary_formats(Op.TXN_BEGIN)
+        if positional:
+            order = F.struct(F.col(model.OFFSET).alias("offset"), F.col(model.SUB_INDEX).alias("sub_index"))
+            open_tails = (
+                events.where((begins | ends) & F.col(model.FORMAT).isin(*positional))
+                .groupBy(model.TOPIC, model.PARTITION)
+                .agg(F.max(F.when(begins, order)).alias("_begin"), F.max(F.when(ends, order)).alias("_end"))
+                .where(F.col("_begin").isNotNull() & (F.col("_end").isNull() | (F.col("_begin") > F.col("_end"))))
+            )
+            members.append(
+                events.join(F.broadcast(open_tails), [model.TOPIC, model.PARTITION])
+                .where(order >= F.col("_begin"))
+                .select(
+                    F.format_string(
+                        "transaction from %s[%d] offset %d", model.TOPIC, model.PARTITION, F.col("_begin.offset")
+                    ).alias("_transaction"),
+                    *_COORDINATES,
+                    model.EVENT_TIME,
+                )
+            )
+        by_id = self._boundary_formats(Op.TXN_END)
+        if by_id:
+            with_id = ok & F.col(model.TXN_ID).isNotNull() & F.col(model.FORMAT).isin(*by_id)
+            needs_begin = F.col(model.FORMAT).isin(*positional) if positional else F.lit(False)
+            open_ids = (
+                events.where(with_id)
+                .groupBy(model.FORMAT, model.TXN_ID)
+                .agg(F.bool_or(ends).alias("_ended"), F.bool_or(begins).alias("_begun"))
+                .where(~F.col("_ended") & (F.col("_begun") | ~needs_begin))
+                .select(model.FORMAT, model.TXN_ID)
+            )
+            members.append(
+                events.where(with_id)
+                .join(open_ids, [model.FORMAT, model.TXN_ID], "left_semi")
+                .select(
+                    F.format_string("transaction %s (%s)", model.TXN_ID, model.FORMAT).alias("_transaction"),
+                    *_COORDINATES,
+                    model.EVENT_TIME,
+                )
+            )
+        if not members:
+            return events.select(*_COORDINATES).limit(0), 0
+        # One row per transaction and message, cached: the limits and the held set are both read from it.
+        held_by_transaction = (
+            reduce(DataFrame.unionByName, members)
+            .groupBy("_transaction", *_COORDINATES)
+            .agg(F.min(model.EVENT_TIME).alias(model.EVENT_TIME))
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        try:
+            released = self._past_limits(events, held_by_transaction)
+            still_open = ~F.col("_transaction").isin(*released) if released else F.lit(True)
+            held = (
+                held_by_transaction.where(still_open)
+                .select(*_COORDINATES)
+                .distinct()
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            return held, held.count()
+        finally:
+            held_by_transaction.unpersist()
+
+    def _past_limits(self, events: DataFrame, held_by_transaction: DataFrame) -> list[str]:
+        """Open transactions to apply anyway: open for longer than ``transaction_max_open_seconds`` (from their
+        oldest event to the newest event seen, source event time, so a re-run decides the same) or holding more
+        than ``transaction_max_pending_messages`` messages. Logs a warning for each."""
+        settings = self.settings
+        newest = events.agg(F.max(model.EVENT_TIME).alias("_newest"))
+        stats = (
+            held_by_transaction.groupBy("_transaction")
+            .agg(F.min(model.EVENT_TIME).alias("_oldest"), F.count("*").alias("_messages"))
+            .crossJoin(newest)
+            .select(
+                "_transaction",
+                "_messages",
+                ((F.unix_micros("_newest") - F.unix_micros("_oldest")) / 1e6).alias("_open_seconds"),
+            )
+            .where(
+                (F.col("_open_seconds") > settings.transaction_max_open_seconds)
+                | (F.col("_messages") > settings.transaction_max_pending_messages)
+            )
+            .collect()
+        )
+        for row in stats:
+            log.warning(
+                "transaction-consistent mode: applying %s without its end marker: open for %s s of source time "
+                "(limit %s s), %s messages held (limit %s)",
+                row["_transaction"],
+                row["_open_seconds"],
+                settings.transaction_max_open_seconds,
+                row["_messages"],
+                settings.transaction_max_pending_messages,
+            )
+        return sorted(str(row["_transaction"]) for row in stats)
+
+    def _read_pending(self, batch_id: int | None) -> _PendingGeneration:
+        """The newest stored generation of held messages of this pipeline, except one that batch ``batch_id`` wrote
+        (a re-run after the write must see what the first run saw). The table keeps two generations per pipeline:
+        the newest and the one it was built on."""
+        stored = self.sink.read_system_snapshot(PENDING_TRANSACTIONS)
+        if stored is None:
+            return _PendingGeneration(0, 0, None)
+        mine = stored.where(F.col("pipeline") == self.settings.name)
+        generations = [
+            row
+            for row in mine.where(F.col("generation_header"))
+            .select("generation", "app_id", "batch_id", "held_messages")
+            .collect()
+            if batch_id is None or (row["app_id"], row["batch_id"]) != (self.settings.app_id, batch_id)
+        ]
+        if not generations:
+            return _PendingGeneration(0, 0, None)
+        base = max(generations, key=lambda row: int(row["generation"]))
+        if not base["held_messages"]:
+            return _PendingGeneration(int(base["generation"]), 0, None)
+        messages = mine.where((F.col("generation") == base["generation"]) & ~F.col("generation_header"))
+        return _PendingGeneration(
+            int(base["generation"]), int(base["held_messages"]), messages.select(*_MESSAGE_OF_EVENT)
+        )
+
+    def _write_pending(
+        self, base: _PendingGeneration, held_events: DataFrame, held_count: int, batch_id: int, txn: Txn | None
+    ) -> None:
+        """Stores the held messages as the next generation, in one commit that also drops the generations older
+        than ``base``. A header row per generation records who wrote it and how many messages it holds (also
+        when none), so that a re-run can tell its own write from the one it builds on."""
+        stamp = [
+            F.lit(self.settings.name).alias("pipeline"),
+            F.lit(base.generation + 1).cast("bigint").alias("generation"),
+            F.lit(self.settings.app_id).alias("app_id"),
+            F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("recorded_at"),
+        ]
+        messages = held_events.select(
+            *stamp,
+            F.lit(False).alias("generation_header"),
+            F.lit(None).cast("bigint").alias("held_messages"),
+            *[F.col(canonical).alias(name) for name, canonical in _MESSAGE_OF_EVENT.items()],
+        ).dropDuplicates(_COORDINATES)
+        header = self.spark.range(1).select(
+            *stamp, F.lit(True).alias("generation_header"), F.lit(held_count).cast("bigint").alias("held_messages")
+        )
+        self.sink.replace_partition(
+            PENDING_TRANSACTIONS,
+            messages.unionByName(header, allowMissingColumns=True),
+            ("pipeline", self.settings.name),
+            keep=("generation", base.generation) if base.generation else None,
+            txn=txn,
+        )
+
+    def pending_transaction_messages(self) -> int:
+        """How many messages of open source transactions this pipeline holds back (transaction-consistent mode)."""
+        return self._read_pending(None).held_messages
 
     # -------------------------------------------------------------------------------------------------------------
     # Bookkeeping tables

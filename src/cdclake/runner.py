@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.formats.base import MESSAGE_COLUMNS
-from cdclake.pipeline import BatchResult, Pipeline, PipelineSettings
+from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
 
@@ -140,6 +140,9 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         sequence_by=dict(config.sequence_by),
         changelog=config.history.changelog,
         scd2=config.history.scd2,
+        transaction_consistent=config.transactions.consistent,
+        transaction_max_open_seconds=config.transactions.max_open_seconds,
+        transaction_max_pending_messages=config.transactions.max_pending_messages,
     )
 
 
@@ -192,9 +195,16 @@ def replay(
     sequence_by: Mapping[str, str] | None = None,
     changelog: TableSelection = False,
     scd2: TableSelection = False,
+    transaction_consistent: bool = False,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
-    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history)."""
+
+    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history).
+
+    With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
+    pending table (a warning says how many). A later replay into the same lake decodes them again with its first
+    batch, but each file is its own stream: they are applied once they pass the limits.
+    """
     checked = files.check_files(paths)
     settings = PipelineSettings(
         lake=lake,
@@ -208,6 +218,7 @@ def replay(
         sequence_by=dict(sequence_by or {}),
         changelog=changelog,
         scd2=scd2,
+        transaction_consistent=transaction_consistent,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []
@@ -218,4 +229,11 @@ def replay(
             results.append(result)
             if on_batch is not None:
                 on_batch(result)
+    if transaction_consistent and (held := pipeline.pending_transaction_messages()):
+        log.warning(
+            "%s messages of source transactions without their end marker are held back in %s/_cdclake/%s",
+            held,
+            lake.rstrip("/"),
+            PENDING_TRANSACTIONS,
+        )
     return results

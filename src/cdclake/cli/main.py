@@ -84,6 +84,13 @@ def replay(
     ddl_policy: Annotated[
         str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
     ] = "evolve",
+    transaction_consistent: Annotated[
+        bool,
+        typer.Option(
+            "--transaction-consistent",
+            help="Apply only complete source transactions (formats that mark them); hold open ones back.",
+        ),
+    ] = False,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
@@ -114,6 +121,7 @@ def replay(
             keys=key_map,
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
+            transaction_consistent=transaction_consistent,
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)

@@ -7,6 +7,7 @@ Layout under the lake directory::
     <lake>/_cdclake/progress           one row per batch and table / Kafka partition: counts, positions, times
     <lake>/_cdclake/dead_letters       messages that could not be decoded or applied, raw bytes and reason
     <lake>/_cdclake/schema_changes     DDL events as received
+    <lake>/_cdclake/pending_transactions  raw messages of open source transactions (transaction-consistent mode)
 
 Exactly once: every commit of a batch carries Delta's idempotent-writer marker (``txnAppId`` = the pipeline's
 app id, ``txnVersion`` = the batch id), so a batch re-run after a crash skips the commits that already happened;
@@ -59,6 +60,7 @@ def safe_name(name: str | None, default: str = "default") -> str:
 
 
 def _sql_string(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes, Spark's default parser mode)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -118,6 +120,34 @@ class DeltaSink:
         writer = rows.write.format("delta").mode("append").option("mergeSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", f"{txn.app_id}").option("txnVersion", txn.version)
+        writer.save(self.system_path(name))
+
+    def replace_partition(
+        self,
+        name: str,
+        rows: DataFrame,
+        partition: tuple[str, str],
+        *,
+        keep: tuple[str, int] | None,
+        txn: Txn | None,
+    ) -> None:
+        """Replaces one partition of a bookkeeping table (partitioned by ``partition[0]``, created on first use)
+        with ``rows``, once per ``txn``: every row of partition value ``partition[1]`` goes, except those whose
+        integer column ``keep[0]`` equals ``keep[1]``; every row of ``rows`` must be in that partition and must not
+        have that ``keep`` value. One commit, so readers see the old or the new rows, never a mix."""
+        column, value = partition
+        condition = f"{quote(column)} = {_sql_string(value)}"
+        if keep is not None:
+            condition += f" AND {quote(keep[0])} <> {int(keep[1])}"
+        writer = (
+            rows.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", condition)
+            .option("mergeSchema", "true")
+            .partitionBy(column)
+        )
+        if txn is not None:
+            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
         writer.save(self.system_path(name))
 
     # ---------------------------------------------------------------------------------------------------------
@@ -394,3 +424,13 @@ class DeltaSink:
         properties = (detail[0] if detail is not None else None) or {}
         keys = [name for name in str(properties.get("cdclake.keyColumns", "")).split(",") if name]
         return keys or None
+
+    def read_system_snapshot(self, name: str) -> DataFrame | None:
+        """A bookkeeping table as of its current version: what the frame reads does not change when the table is
+        written to later (e.g. when Spark recomputes a lost cached partition after this batch's own write)."""
+        path = self.system_path(name)
+        if not self._exists(path):
+            return None
+        version = DeltaTable.forPath(self.spark, path).history(1).select("version").first()
+        assert version is not None
+        return self.spark.read.format("delta").option("versionAsOf", version[0]).load(path)
