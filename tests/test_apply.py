@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdclake import apply, model
 
@@ -138,11 +139,30 @@ def test_plan_tables_collects_columns_keys_and_truncates(spark) -> None:
     assert plans["u"].truncate_order is None
 
 
-def test_configured_keys_override_and_full_image_fallback(spark) -> None:
+def test_configured_keys_override_and_whole_row_fallback(spark) -> None:
     event = _event("INSERT", "1", 0, after={"id": "1", "a": "x", "b": None})
     event["key_columns"] = []
     frame = spark.createDataFrame([event], model.CANONICAL_SCHEMA)
-    assert frame.select(apply.effective_keys(frame, {})).first()[0] == ["id", "a", "b"]
+    assert frame.select(apply.effective_keys(frame, {})).first()[0] == []
     assert frame.select(apply.effective_keys(frame, {"d.t": ["a"]})).first()[0] == ["a"]
     assert frame.select(apply.effective_keys(frame, {"t": ["b", "a"]})).first()[0] == ["b", "a"]
-    assert frame.select(apply.effective_keys(frame, {"other.t": ["b"]})).first()[0] == ["id", "a", "b"]
+    assert frame.select(apply.effective_keys(frame, {"other.t": ["b"]})).first()[0] == []
+
+
+def test_keyless_row_key_ignores_declared_nulls_and_column_order(spark) -> None:
+    """Key-less rows are identified by their non-NULL values: a message declaring a column added later (NULL in
+    the row) or one that leaves NULL cells out names the same row."""
+    images = [
+        {"id": "1", "a": "x"},
+        {"id": "1", "a": "x", "b": None},
+        {"B": None, "A": "x", "ID": "1"},
+        {"id": "1", "a": "y"},
+        {"id": "1", "a": None, "b": "x"},
+    ]
+    frame = spark.createDataFrame([(image,) for image in images], "image map<string,string>")
+    no_keys = F.array().cast("array<string>")
+    keys = [row[0] for row in frame.select(apply.key_of(F.col("image"), no_keys)).collect()]
+    assert keys[0] == keys[1] == keys[2]
+    assert len({keys[0], keys[3], keys[4]}) == 3
+    by_id = frame.select(apply.key_of(F.col("image"), F.array(F.lit("id")))).collect()
+    assert {row[0] for row in by_id[:2]} == {'["1"]'}

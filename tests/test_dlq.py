@@ -143,7 +143,7 @@ def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spa
     replay(spark, lake=lake, format_name="qlik-avro", paths=[str(capture)], encoding="b64")
     first = list_dead_letters(spark, lake)
     assert first.unresolved == len(values) == 6
-    assert all("no data schema configured" in d.reason for d in first.dead_letters)
+    assert all("dataSchema is needed" in d.reason for d in first.dead_letters)
 
     dry = replay_dead_letters(spark, lake, format_name="qlik-json", dry_run=True)
     assert (dry.selected, dry.applied, len(dry.failures)) == (6, 0, 6)
@@ -152,7 +152,7 @@ def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spa
     wrong = replay_dead_letters(spark, lake, format_name="qlik-json")
     assert (wrong.applied, len(wrong.failures)) == (0, 6)
     new_reason = wrong.failures[0].reason
-    assert "no data schema" not in new_reason
+    assert "dataSchema is needed" not in new_reason
     listed = list_dead_letters(spark, lake)
     assert [d.offset for d in listed.dead_letters] == list(range(6))  # each once
     assert {d.reason for d in listed.dead_letters} == {f.reason for f in wrong.failures}

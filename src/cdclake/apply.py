@@ -102,16 +102,25 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     )
 
 
-def _key_of(image: Column, keys: Column) -> Column:
-    return F.to_json(F.transform(keys, lambda k: image[k]))
+def key_of(image: Column, keys: Column) -> Column:
+    """The row key of an image as JSON text: the key columns' values in key order, or, for a table without key
+    columns (``keys`` empty), the image's non-NULL ``[column, value]`` pairs sorted by lower-cased column name.
+
+    The key-less identity leaves NULLs out on purpose: messages of one table declare different column lists (a
+    column added later, formats that omit NULL cells), and the row {a: 1, b: NULL} must be the same row whether or
+    not its message declares ``b``. The sink matches such rows on every column with NULL-safe equality.
+    """
+    by_value = F.to_json(F.transform(keys, lambda k: image[k]))
+    present = F.map_filter(F.transform_keys(image, lambda k, _v: F.lower(k)), lambda _k, v: v.isNotNull())
+    whole_row = F.to_json(F.array_sort(F.map_entries(present)))
+    return F.when(F.size(keys) > 0, by_value).otherwise(whole_row)
 
 
 def effective_keys(events: DataFrame, configured: Mapping[str, Sequence[str]]) -> Column:
-    """Key columns of each event: configured keys (``db.table`` or ``table``) win, then the message's own,
-    then, as a last resort, every declared column (the full image is the row identity)."""
+    """Key columns of each event: configured keys (``db.table`` or ``table``) win, then the message's own. An
+    empty array means the table has no key: the whole row is its identity (see :func:`key_of`)."""
     from_message = F.col(model.KEY_COLUMNS)
-    all_columns = F.transform(F.col(model.COLUMNS), lambda c: c["name"])
-    result = F.when(F.size(F.coalesce(from_message, F.array())) > 0, from_message).otherwise(all_columns)
+    result = F.coalesce(from_message, F.array().cast("array<string>"))
     qualified = F.concat_ws(".", F.col(model.DATABASE), F.col(model.TABLE))
     for name, keys in sorted(configured.items()):
         target = qualified if "." in name else F.col(model.TABLE)
@@ -128,7 +137,7 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
     keys = effective_keys(events, configured_keys or {})
     before, after = F.col(model.BEFORE), F.col(model.AFTER)
     op = F.col(model.OP)
-    key_before, key_after = _key_of(before, keys), _key_of(after, keys)
+    key_before, key_after = key_of(before, keys), key_of(after, keys)
     delete_old_key = F.when(
         (op == Op.DELETE) | ((op == Op.UPDATE) & before.isNotNull() & (after.isNull() | (key_before != key_after))),
         F.struct(

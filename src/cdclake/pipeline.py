@@ -242,16 +242,24 @@ class Pipeline:
         marker = Txn(self.settings.app_id, batch_id) if txn else None
         if self.settings.transaction_consistent:
             return self._process_complete_transactions(messages, batch_id, marker)
+        started = time.perf_counter()
         events = self._decoded(messages, marker)
-        try:
-            return self._process(events, batch_id, marker)
-        finally:
-            events.unpersist()
+        decoding = time.perf_counter() - started
+        result = self._process(events, batch_id, marker)
+        result.seconds["decode"] = result.seconds.get("decode", 0.0) + decoding
+        return result
 
     def _decoded(self, messages: DataFrame, txn: Txn | None) -> DataFrame:
-        """The batch's canonical events, ordered by ``sequence_by`` where configured (cached: unpersist them)."""
+        """The batch's canonical events, ordered by ``sequence_by`` where configured, computed once.
+
+        A local checkpoint rather than ``persist``: it also cuts the lineage, so the plans of the batch's concurrent
+        MERGEs and history writes no longer contain the decoders' expressions. Spark canonicalises shared plan nodes
+        from several threads at once when it looks up cached data, and ``from_avro`` with options is not safe
+        there (its options map is evaluated through a shared builder: IndexOutOfBoundsException in
+        ArrayBasedMapBuilder.put). The blocks are released when the frame is garbage-collected.
+        """
         events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
-        return events.persist(StorageLevel.MEMORY_AND_DISK)
+        return events.localCheckpoint(eager=True)
 
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
         result = BatchResult(batch_id)
@@ -414,6 +422,17 @@ class Pipeline:
         reason: Column | None = None
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
+            this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
+            unknown_keys = [k for k in plan.key_columns if k.lower() not in stored]
+            if unknown_keys:
+                # A `keys` setting naming columns the messages never carry: no row could be identified.
+                name = ".".join(p for p in (plan.database, plan.table) if p)
+                message = F.lit(
+                    f"key columns {unknown_keys} of {name} are not columns of its messages: fix the `keys` setting"
+                )
+                rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+                reason = F.when(rows, message) if reason is None else reason.when(rows, message)
+                continue
             differing = [
                 (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
                 for key, types in sorted(plan.declared_types.items())
@@ -421,7 +440,6 @@ class Pipeline:
             ]
             if not differing:
                 continue
-            this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
             for name, declared, table_type in differing:
                 message = F.lit(
                     f"value of column {name} (declared {', '.join(declared)}) does not fit the lake table's type "

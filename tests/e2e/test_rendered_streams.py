@@ -37,19 +37,7 @@ def test_every_format_has_a_renderer() -> None:
     assert missing == NOT_YET_RENDERED, f"formats without a workload renderer (cdclake.workload.<format>): {missing}"
 
 
-UNRESOLVED = {"drs-avro", "dts-avro"}
-"""Rendered streams whose lake does not yet equal the truth (renderer or decoder, under investigation)."""
-
-
-@pytest.mark.parametrize(
-    "format_name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason="renderer/decoder mismatch under investigation"))
-        if name in UNRESOLVED
-        else name
-        for name in renderers()
-    ],
-)
+@pytest.mark.parametrize("format_name", sorted(renderers()))
 def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=5)

@@ -195,6 +195,43 @@ def test_full_image_identity_when_no_key_is_known(spark, lake, tmp_path: Path) -
     assert read_table(f"{lake}/d/t") == [{"v": "y"}]
 
 
+@pytest.mark.parametrize("batch_lines", [100, 2], ids=["one-batch", "batch-per-two"])
+def test_keyless_rows_keep_their_identity_across_an_added_column(spark, lake, tmp_path: Path, batch_lines: int) -> None:
+    """A key-less row written before a column was added is the same row for later messages that declare the new
+    column (NULL in it), in the same batch or a later one: updates replace it, deletes remove it."""
+
+    def message(op: str, seq: int, before: dict | None, after: dict | None, columns: list[str]) -> str:
+        return json.dumps(
+            {
+                "schema": {
+                    "dataColumn": [{"name": name, "type": "STRING"} for name in columns],
+                    "primaryKey": None,
+                    "source": {"dbType": "MySQL", "dbName": "d", "tableName": "t"},
+                },
+                "payload": {
+                    "before": before and {"dataColumn": before},
+                    "after": after and {"dataColumn": after},
+                    "sequenceId": str(seq),
+                    "op": op,
+                    "timestamp": {"eventTime": seq},
+                },
+                "version": "1.0.0",
+            }
+        )
+
+    lines = [
+        message("INSERT", 1, None, {"v": "x"}, ["v"]),
+        message("INSERT", 2, None, {"v": "z"}, ["v"]),
+        # ALTER TABLE t ADD COLUMN n: later messages declare n, NULL in the rows written before.
+        message("UPDATE_AFTER", 3, {"v": "x", "n": None}, {"v": "x", "n": "1"}, ["v", "n"]),
+        message("DELETE", 4, {"v": "z", "n": None}, None, ["v", "n"]),
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], batch_lines=batch_lines)
+    assert read_table(f"{lake}/d/t") == [{"v": "x", "n": "1"}]
+
+
 def test_b64_encoding_of_json_is_identical_to_lines(spark, tmp_path: Path) -> None:
     history, messages = workload(seed=17, events=80, malformed=0)
     (tmp_path / "a.b64").write_text("".join(base64.b64encode(m.value).decode() + "\n" for m in messages if m.value))

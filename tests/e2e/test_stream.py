@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import yaml
 
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
-from cdclake.devtools.verify import read_table
+from cdclake.devtools.verify import compare_lake, describe, read_table
 from cdclake.runner import replay, run
+from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
 from tests.e2e.helpers import assert_lake_equals_truth, workload, write_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -123,6 +125,72 @@ def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_pa
     assert_lake_equals_truth(lake, history)
     if interrupted:
         assert recovered, "the run was killed mid-stream, yet the restart applied nothing"
+
+
+KILLED_FORMATS = ["debezium-json", "dts-avro", "qlik-json", "drs-jsonc-mysql"]
+"""One open format and three vendor formats (binary Avro, Qlik with its metadata messages, changed-only images)."""
+
+
+@pytest.mark.parametrize("format_name", KILLED_FORMATS)
+def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
+    spark, kafka, tmp_path: Path, format_name: str
+) -> None:
+    """A rendered stream of the format (re-sends, malformed messages, transactions, partial images, a key-less
+    table, a truncate, an added column) is streamed by `cdclake run`, SIGKILLed at a random moment of its batches
+    (printed on failure), and finished by a restart from the same checkpoint: the lake must equal the truth."""
+    chance = random.Random()
+    seed = chance.randrange(1_000_000)
+    kill_after = chance.uniform(0.0, 4.0)
+    note = f"{format_name}: render seed {seed}, killed {kill_after:.2f} s after the first batch"
+    history = SourceHistory.generate(
+        HistoryConfig(
+            seed=seed % 1000, tables=3, events=150, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1
+        )
+    )
+    shape = RenderOptions(heartbeat_every=30, resends=1, malformed=1, transactions=True, partial_updates=True)
+    stream = render_stream(format_name, history, shape, seed=seed)
+    topic = f"killed-{uuid.uuid4().hex[:8]}"
+    broker.create_topics(kafka, {topic: 1})
+    broker.produce(kafka, topic, [(m.key, m.value) for m in stream.messages], partition=0)
+    lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "ckpt")
+    config = PipelineConfig(
+        name="killed",
+        lake=lake,
+        checkpoint=checkpoint,
+        kafka=KafkaConfig(bootstrap_servers=kafka, topics=[topic], max_offsets_per_trigger=60),
+        format=format_name,
+        format_options={format_name: dict(stream.format_options)} if stream.format_options else {},
+        keys={table: list(columns) for table, columns in stream.keys.items()},
+        trigger=TriggerConfig(available_now=True),
+    )
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
+    child = subprocess.Popen(
+        [str(Path(sys.executable).with_name("cdclake")), "run", str(path)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert child.stderr is not None
+    deadline = time.monotonic() + 300
+    seen = ""
+    while time.monotonic() < deadline:
+        line = child.stderr.readline()
+        seen += line
+        if line.startswith("batch 0:") or (not line and child.poll() is not None):
+            break
+    assert "batch 0:" in seen, f"{note}\n{seen[-3000:]}"
+    time.sleep(kill_after)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+
+    run(spark, config)
+    malformed = sum(1 for m in stream.messages if m.is_malformed)
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters")
+    assert dead.select("partition", "offset").distinct().count() == malformed, note
+    comparison = compare_lake(lake, stream.expected_truth(history))
+    assert all(r.ok for r in comparison), f"{note}\n{describe(comparison)}"
 
 
 def test_run_rejects_a_bad_config_with_the_key_and_the_fix(tmp_path: Path) -> None:

@@ -64,6 +64,14 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _stats_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str]) -> list[str]:
+    """``delta.dataSkippingStatsColumns`` for MERGE file pruning: the columns the MERGE matches on (the key columns,
+    or every column of a key-less table, at most 31) that have min/max statistics, plus the position."""
+    types = {name.lower(): spark_type for name, spark_type in columns}
+    matched = list(key_columns) or [name for name, _ in columns][:31]
+    return [quote(k) for k in matched if types.get(k.lower()) not in (None, "binary", "boolean")] + [POSITION_COLUMN]
+
+
 def quote(identifier: str) -> str:
     """Backtick-quotes an identifier for Spark SQL text (backticks inside are doubled)."""
     return "`" + identifier.replace("`", "``") + "`"
@@ -228,7 +236,7 @@ class DeltaSink:
         if key_columns is not None:
             types = {name.lower(): t for name, t in self.columns(database, schema, table) or []}
             keys = [k for k in key_columns if k.lower() in types]
-            stats = [quote(k) for k in keys if types[k.lower()] not in ("binary", "boolean")] + [POSITION_COLUMN]
+            stats = _stats_columns(self.columns(database, schema, table) or [], keys)
             self.spark.sql(
                 f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ("
                 f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}, "
@@ -288,10 +296,10 @@ class DeltaSink:
 
     @staticmethod
     def _stats_columns(plan: TablePlan) -> list[str]:
-        """Key columns with min/max statistics (Delta keeps none for binary or boolean), plus the position."""
-        types = {name.lower(): spark_type for name, spark_type in plan.columns}
-        keys = [k for k in plan.key_columns if types.get(k.lower()) not in ("binary", "boolean")]
-        return [quote(k) for k in keys] + [POSITION_COLUMN]
+        """Key columns with min/max statistics (Delta keeps none for binary or boolean), plus the position. A table
+        without key columns is matched on every column, so it keeps statistics on all of them (up to Delta's limit
+        of 32 indexed columns)."""
+        return _stats_columns(plan.columns, plan.key_columns)
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
         """Deletes every row written before the plan's TRUNCATE."""
@@ -325,7 +333,10 @@ class DeltaSink:
         missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
         if missing_keys:
             raise RuntimeError(f"key columns {missing_keys} are not columns of {path}")
-        condition = " AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in plan.key_columns)
+        # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
+        # a column the message does not declare matches the row's NULL in it.
+        match_on = plan.key_columns or [name for name, _ in table_columns]
+        condition = " AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on)
         newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
         update_set: dict[str, str | Column] = {
             quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"

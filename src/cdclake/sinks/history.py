@@ -424,7 +424,7 @@ class HistorySink:
             POSITION_COLUMN: apply.effective_order(events),
             EVENT_TIME_COLUMN: F.col(model.EVENT_TIME),
             TXN_ID_COLUMN: F.col(model.TXN_ID),
-            KEY_COLUMN: F.when(F.col(model.OP) != TRUNCATE, F.to_json(F.transform(row_keys, lambda k: image[k]))),
+            KEY_COLUMN: F.when(F.col(model.OP) != TRUNCATE, apply.key_of(image, row_keys)),
             BEFORE_COLUMN: before_struct,
             PARTIAL_COLUMN: partial,
             CAPTURED_COLUMN: F.when(partial, F.array_sort(F.map_keys(after))),

@@ -14,7 +14,8 @@ gives plain Avro binary):
   -> ``Timestamp`` with epoch seconds and microseconds (1.2 leaves the units open: "assume as DTS"); NULL -> the
   union's null branch.
 * ADD COLUMN and TRUNCATE: a ``DDL`` record on the table with the SQL as its only ``Character`` value (1.2: where
-  DDL text goes is unknown; no string branch exists); later records carry the new field.
+  DDL text goes is unknown; no string branch exists); later records carry the new field. cdclake parses the SQL,
+  so a TRUNCATE empties the table at its position.
 * DRS Avro has no heartbeats, transaction markers or changed-only images: those options are ignored.
 
 Limits of the format, handed to the consumer in :class:`RenderedStream`:
@@ -23,7 +24,6 @@ Limits of the format, handed to the consumer in :class:`RenderedStream`:
   has no row identity but its full image, so identical rows collapse into one and an UPDATE or DELETE of one of
   them hits all of them (``expected``).
 * BIGINT may be BIGINT UNSIGNED, so ``long`` columns land as ``decimal(20,0)`` (exact; ``expected``).
-* TRUNCATE is DDL text, recorded but not applied: the rows it removed stay in the lake (``expected``).
 
 Choices where the spec is silent: the Kafka key is the quoted table name (the sample consumer skips null keys);
 ``version`` ``"1.0"``, ``shardId`` 0, ``eventid`` a UUID-shaped text.
@@ -255,7 +255,7 @@ class _Renderer:
             self.render_change(change)
         _shaping.shape(self.stream, self.options, self.rng, self.malformed)
         keys = {t.qualified_name: list(t.primary_key) for t in self.history.tables if t.primary_key}
-        expected = _lake_model.expected_tables(self.history, "full_image", applies_truncate=False, to_lake=lake_row)
+        expected = _lake_model.expected_tables(self.history, "full_image", applies_truncate=True, to_lake=lake_row)
         return RenderedStream(self.stream.messages, keys=keys, expected=expected)
 
 

@@ -16,7 +16,8 @@ or subscription channel with a MySQL source writes it:
 * Transactions (``options.transactions``): ``BEGIN`` and ``COMMIT`` records around 1-5 changes, with a GTID tag.
 * ``HEARTBEAT`` records and NOOP placeholders (at most 48 bytes, 1.1) alternate every ``heartbeat_every`` messages.
 * ADD COLUMN: a ``DDL`` record (``objectName`` = database only, SQL text in ``afterImages``, 1.3); later records
-  carry the new field. TRUNCATE: a ``DDL`` record ``TRUNCATE TABLE ...``, all a MySQL source produces.
+  carry the new field. TRUNCATE: a ``DDL`` record ``TRUNCATE TABLE ...``, all a MySQL source produces (the table
+  name is only in the SQL, 1.4; cdclake parses it and empties the table at its position).
 * ``options.partial_updates``: binlog_row_image=NOBLOB on tables with a primary key: a BLOB column an UPDATE does
   not change is not logged, ``EmptyObject.NONE`` in both images (1.6: keep the stored value).
 
@@ -24,8 +25,6 @@ Limits of the format, mapped in :attr:`RenderedStream.expected` (what the lake h
 
 * BIGINT arrives as decimal text that may be BIGINT UNSIGNED, so ``long`` columns land as ``decimal(20,0)``
   (exact); TINYINT(1) is an integer, so ``boolean`` columns land as ``0`` / ``1``.
-* TRUNCATE is only DDL text on the database (``objectName`` has no table, 1.4): recorded, not applied, so the
-  rows a TRUNCATE removed stay in the lake.
 * A key-less table has no row id in DTS Avro (no ``pk_uk_info``, 1.8): the full image is the row identity, so
   identical rows collapse into one and an UPDATE or DELETE of one of them hits all of them.
 
@@ -434,7 +433,7 @@ class _Renderer:
                 self.progress_marker()
                 since_marker = 0
         _shaping.shape(self.stream, self.options, self.rng, self.malformed)
-        expected = _lake_model.expected_tables(self.history, "full_image", applies_truncate=False, to_lake=lake_row)
+        expected = _lake_model.expected_tables(self.history, "full_image", applies_truncate=True, to_lake=lake_row)
         return RenderedStream(self.stream.messages, expected=expected)
 
 

@@ -1,0 +1,134 @@
+"""A/B comparison of pipeline settings on the same batches, interleaved so that machine noise hits both sides alike.
+
+``python -m benchmarks.ab --variant NAME [--tables 10 --events-per-batch 25000 --batches 4]``
+
+One workload is cut into ``batches`` batches by offset; two pipelines (A = as is, B = with the variant) each apply
+every batch to their own lake, alternating A, B, A, B... The first batch (table creation) is reported apart. Used to
+produce the before/after figures of the performance commits; variants are named settings of the session or sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import functions as F
+
+from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
+from cdclake.pipeline import Pipeline, PipelineSettings
+
+
+@contextmanager
+def _conf(spark: Any, settings: dict[str, str]) -> Iterator[None]:
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+@contextmanager
+def _nothing(_: Any) -> Iterator[None]:
+    yield
+
+
+VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
+    "same": _nothing,
+    "no-materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "none"}),
+    "materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "auto"}),
+    "deletion-vectors": lambda spark: _conf(
+        spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
+    ),
+    "no-deletion-vectors": lambda spark: _conf(
+        spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "false"}
+    ),
+    "shuffle-2": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "2"}),
+    "shuffle-8": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "8"}),
+    "no-stats-collection": lambda spark: _conf(spark, {"spark.databricks.delta.stats.collect": "false"}),
+    "threads-1": _nothing,
+    "threads-2": _nothing,
+    "threads-8": _nothing,
+    "threads-16": _nothing,
+}
+"""Variants named ``threads-N`` run the side's pipeline with ``merge_threads=N``."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    parser.add_argument("--baseline", default="same", choices=sorted(VARIANTS))
+    parser.add_argument("--tables", type=int, default=10)
+    parser.add_argument("--keys-per-table", type=int, default=0)
+    parser.add_argument("--events-per-batch", type=int, default=25_000)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--merge-threads", type=int, default=0)
+    parser.add_argument("--first-batch-events", type=int, default=0, help="a bigger first batch (large tables)")
+    args = parser.parse_args()
+
+    from cdclake.spark import get_session
+
+    spark = get_session("cdclake-ab", master="local[2]")
+    first = args.first_batch_events or args.events_per_batch
+    spec = WorkloadSpec(
+        events=first + args.events_per_batch * (args.batches - 1),
+        tables=args.tables,
+        keys_per_table=args.keys_per_table or max(16, args.events_per_batch * args.batches // (2 * args.tables)),
+    )
+    workload = materialize(spec)
+    messages = message_frame(spark, workload.path)
+    per_event = workload.messages / spec.events
+    size = int(args.events_per_batch * per_event) + 1
+    first_size = int(first * per_event) + 1
+    root = OUT / "ab"
+    shutil.rmtree(root, ignore_errors=True)
+    sides = {"A": VARIANTS[args.baseline], "B": VARIANTS[args.variant]}
+    pipelines = {}
+    for side in sides:
+        settings = PipelineSettings(
+            lake=str(root / side), app_id=f"ab-{side}", default_format=spec.format, keys=workload.keys, name="ab"
+        )
+        name = args.baseline if side == "A" else args.variant
+        threads = int(name.removeprefix("threads-")) if name.startswith("threads-") else args.merge_threads
+        if threads:
+            settings = PipelineSettings(**{**settings.__dict__, "merge_threads": threads})
+        pipelines[side] = Pipeline(spark, settings)
+    totals: dict[str, float] = dict.fromkeys(sides, 0.0)
+    steps: dict[str, dict[str, float]] = {side: {} for side in sides}
+    print(f"A={args.baseline} B={args.variant}: {args.batches} batches of ~{size:,} messages, {args.tables} tables")
+    for index in range(args.batches):
+        start = 0 if index == 0 else first_size + (index - 1) * size
+        end = first_size if index == 0 else start + size
+        batch = messages.where((F.col("offset") >= start) & (F.col("offset") < end))
+        for side, variant in sides.items():
+            with variant(spark):
+                started = time.perf_counter()
+                result = pipelines[side].process_batch(batch, index)
+                seconds = time.perf_counter() - started
+            detail = " ".join(f"{k}={v:.2f}" for k, v in result.seconds.items())
+            print(f"batch {index} {side}: {seconds:.2f} s ({result.messages:,} events) {detail}", flush=True)
+            if index > 0:
+                totals[side] += seconds
+                for key, value in result.seconds.items():
+                    steps[side][key] = steps[side].get(key, 0.0) + value
+    for side in sides:
+        detail = " ".join(f"{k}={v:.1f}" for k, v in steps[side].items())
+        print(f"total {side} (batches 1..): {totals[side]:.1f} s; {detail}")
+    print(f"B/A = {totals['B'] / totals['A']:.2f}")
+    for side in sides:
+        files = sum(len(list(Path(p).glob("*.parquet"))) for p in (root / side).glob("*/*") if p.is_dir())
+        print(f"{side}: {files} parquet files in user tables")
+
+
+if __name__ == "__main__":
+    main()
