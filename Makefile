@@ -27,8 +27,10 @@ jars/%/lib/.copied: jars/%/pom.xml jars/maven-settings.xml
 demo: setup
 	$(PY) -m cdclake.demo
 
+# Test files are spread over TEST_WORKERS processes (pytest-xdist), each with its own Spark session and broker.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Benchmarks with their targets (benchmarks/README.md); both exit 0 even when a target fails.
 bench: setup

@@ -13,7 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("CDCLAKE_SHARED", REPO.parent / "shared"))
-TEST_BROKER_PORT = int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19292"))
+# Under pytest-xdist every worker is its own session with its own broker: ports 10 apart (client, controller).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+TEST_BROKER_PORT = int(os.environ.get("CDCLAKE_TEST_KAFKA_PORT", "19292")) + 10 * int(_WORKER.removeprefix("gw") or 0)
 
 # Python renders Spark timestamps in the process time zone; golden files are written in UTC.
 os.environ["TZ"] = "UTC"

@@ -85,7 +85,7 @@ def test_files_are_applied_in_the_order_given(spark, lake, tmp_path: Path) -> No
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
-    batch_lines=st.integers(40, 400),
+    batch_lines=st.integers(70, 400),
     update_mode=st.sampled_from(["split", "merged", "mixed"]),
 )
 def test_property_random_histories_and_batch_splits_equal_truth(

@@ -127,8 +127,9 @@ def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_pa
         assert recovered, "the run was killed mid-stream, yet the restart applied nothing"
 
 
-KILLED_FORMATS = ["debezium-json", "dts-avro", "qlik-json", "drs-jsonc-mysql"]
-"""One open format and three vendor formats (binary Avro, Qlik with its metadata messages, changed-only images)."""
+KILLED_FORMATS = ["dts-avro", "qlik-json"]
+"""Binary Avro, and Qlik with its metadata messages (DataWorks JSON is killed above). Each costs about a minute;
+every format's stream is also replayed in tests/e2e/test_rendered_streams.py."""
 
 
 @pytest.mark.parametrize("format_name", KILLED_FORMATS)
