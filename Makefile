@@ -30,7 +30,7 @@ demo: setup
 # Test files are spread over TEST_WORKERS processes (pytest-xdist), each with its own Spark session and broker.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # Benchmarks with their targets (benchmarks/README.md); both exit 0 even when a target fails.
 bench: setup

@@ -48,3 +48,22 @@ def kafka() -> Iterator[str]:
 @pytest.fixture
 def lake(tmp_path: Path) -> str:
     return str(tmp_path / "lake")
+
+
+# The longest test files first, so that pytest-xdist (`--dist loadfile`) does not end with one worker running a long
+# file while the other idles. Minutes on 2 cores, measured; files not listed keep their order after these.
+_LONG_FILES = (
+    "tests/e2e/test_stream.py",
+    "tests/test_transactions.py",
+    "tests/test_history.py",
+    "tests/e2e/test_replay.py",
+    "tests/e2e/test_rendered_streams.py",
+    "tests/e2e/test_property_streams.py",
+    "tests/test_dlq.py",
+    "tests/test_ddl.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(_LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

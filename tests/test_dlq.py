@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cdclake import dlq
+from cdclake.cli import main as cli_main
 from cdclake.cli.main import app
 from cdclake.devtools.verify import compare_table, describe, read_table
 from cdclake.dlq import DeadLetterFilter, list_dead_letters, replay_dead_letters
@@ -224,9 +225,12 @@ def test_filters(spark, lake, tmp_path: Path) -> None:
         replay_dead_letters(spark, lake, format_options={"database": "inv"})
 
 
-def test_cli_list_and_replay(spark, lake, tmp_path: Path) -> None:
+def test_cli_list_and_replay(spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     misfit_lake(spark, lake, tmp_path)
-    runner = CliRunner(env={"COLUMNS": "1000"})  # one table row per line, whatever the terminal
+    # One table row per line, whatever the terminal: the CLI's consoles took their width when first imported.
+    monkeypatch.setattr(cli_main.out, "width", 1000)
+    monkeypatch.setattr(cli_main.err, "width", 1000)
+    runner = CliRunner(env={"COLUMNS": "1000"})
 
     listed = runner.invoke(app, ["dlq", "list", "--lake", lake, "--show-value"])
     assert listed.exit_code == 0, listed.output

@@ -41,6 +41,23 @@ def _parse_keys(values: list[str]) -> dict[str, list[str]]:
     return keys
 
 
+def _parse_sequence_by(values: list[str]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        table, sep, column = value.partition("=")
+        if not sep or not table.strip() or not column.strip():
+            raise InputError(f"--sequence-by {value!r}: expected db.table=column, e.g. shop.orders=version")
+        pairs[table.strip()] = column.strip()
+    return pairs
+
+
+def _table_selection(values: list[str]) -> bool | list[str]:
+    """``--changelog``/``--scd2`` values: ``all`` selects every table; otherwise the table names."""
+    if any(value.strip().lower() == "all" for value in values):
+        return True
+    return [value.strip() for value in values if value.strip()] or False
+
+
 def _parse_options(values: list[str]) -> dict[str, str]:
     options: dict[str, str] = {}
     for value in values:
@@ -91,6 +108,21 @@ def replay(
             help="Apply only complete source transactions (formats that mark them); hold open ones back.",
         ),
     ] = False,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
+    ] = None,
+    sequence_by: Annotated[
+        list[str] | None,
+        typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
+    ] = None,
+    changelog: Annotated[
+        list[str] | None,
+        typer.Option(help="Keep a changelog table for this table (db.table), or `all`; repeatable."),
+    ] = None,
+    scd2: Annotated[
+        list[str] | None,
+        typer.Option(help="Keep an SCD type 2 history table for this table (db.table), or `all`; repeatable."),
+    ] = None,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
@@ -122,6 +154,10 @@ def replay(
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
             transaction_consistent=transaction_consistent,
+            format_options=_parse_options(option or []),
+            sequence_by=_parse_sequence_by(sequence_by or []),
+            changelog=_table_selection(changelog or []),
+            scd2=_table_selection(scd2 or []),
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)
@@ -339,8 +375,9 @@ def _session(conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def
 
 
 def _print_summary(spark, lake: str, results) -> None:  # type: ignore[no-untyped-def]
-    from delta.tables import DeltaTable
+    from cdclake.sinks.delta import DeltaSink
 
+    sink = DeltaSink(spark, lake)
     messages = sum(r.messages for r in results)
     dead = sum(r.dead_letters for r in results)
     changes: dict[str, int] = {}
@@ -349,7 +386,7 @@ def _print_summary(spark, lake: str, results) -> None:  # type: ignore[no-untype
             changes[path] = changes.get(path, 0) + count
     table = Table("lake table", "row changes applied", "rows now")
     for path in sorted(changes):
-        rows = DeltaTable.forPath(spark, path).toDF().count()
+        rows = sink.row_count(path)
         table.add_row(path.removeprefix(lake.rstrip("/") + "/"), str(changes[path]), str(rows))
     out.print(table)
     out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters")

@@ -421,6 +421,10 @@ class DeltaSink:
     def read(self, database: str | None, table: str, schema: str | None = None) -> DataFrame:
         return self.spark.read.format("delta").load(self.table_path(database, schema, table))
 
+    def row_count(self, path: str) -> int:
+        """Rows of the lake table at ``path`` (as ``BatchResult.applied`` names it)."""
+        return self.spark.read.format("delta").load(path).count()
+
     def read_system(self, name: str) -> DataFrame | None:
         path = self.system_path(name)
         return self.spark.read.format("delta").load(path) if self._exists(path) else None
