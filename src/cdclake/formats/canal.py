@@ -438,6 +438,19 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         ).otherwise(F.transform_values(m["sqlType"], lambda _k, _t: F.lit("string")))
         vendor_types = declared_types
         type_name = "column"
+    # Staged as columns: the row images look a column's type up once per value, inside lambdas, where Spark would
+    # otherwise evaluate the whole type map (a dozen regular expressions per column) again for every value.
+    exploded = exploded.select(
+        "*",
+        declared_types.alias("_declared_types"),
+        spark_types.alias("_spark_types"),
+        vendor_types.alias("_vendor_types"),
+    )
+    declared_types, spark_types, vendor_types = (
+        F.col("_declared_types"),
+        F.col("_spark_types"),
+        F.col("_vendor_types"),
+    )
     names = F.coalesce(F.map_keys(declared_types), F.array().cast("array<string>"))
     unknown_types = F.filter(names, lambda n: spark_types[n].isNull())
     columns = F.transform(
