@@ -106,15 +106,25 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_replay_prints_counts_and_exits_zero(lake, tmp_path: Path) -> None:
     history, messages = workload(seed=16, events=120)
     path = write_lines(tmp_path / "dw.jsonl", messages)
-    done = _cli("replay", "--format", "auto", "--lake", lake, "--changelog", "crm.customer", "--scd2", "all", str(path))
+    history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
+    done = _cli("replay", "--format", "auto", "--lake", lake, *history_flags, str(path))
     assert done.returncode == 0, done.stderr
     assert "detected dataworks-json" in done.stderr
     assert "crm/customer" in done.stdout
     assert "3 dead letters" in done.stdout
     assert_lake_equals_truth(lake, history)
-    # --changelog names one table, --scd2 all of them
+    # history tables for the table named only (`all` selects every table: test_cli_table_selection)
     assert [p.name for p in Path(lake, "_cdclake", "changelog", "crm").iterdir()] == ["customer"]
-    assert {p.name for p in Path(lake, "_cdclake", "scd2", "crm").iterdir()} == {"customer", "audit_log"}
+    assert [p.name for p in Path(lake, "_cdclake", "scd2", "crm").iterdir()] == ["customer"]
+    assert not Path(lake, "_cdclake", "scd2", "shop").exists()
+
+
+def test_cli_table_selection() -> None:
+    from cdclake.cli.main import _table_selection
+
+    assert _table_selection([]) is False
+    assert _table_selection(["all"]) is True
+    assert _table_selection(["crm.customer", " shop.orders "]) == ["crm.customer", "shop.orders"]
 
 
 @pytest.mark.parametrize(
@@ -124,7 +134,7 @@ def test_cli_replay_prints_counts_and_exits_zero(lake, tmp_path: Path) -> None:
         (["--format", "dataworks-json", "--lake", "L", "/does/not/exist.jsonl"], "input file not found"),
         (["--format", "dataworks-json", "--lake", "L", "--input-encoding", "hex", "x"], "--input-encoding"),
         (["--format", "dataworks-json", "--lake", "L", "--keys", "crm.t", "README.md"], "expected db.table=col1,col2"),
-        (["--format", "canal-json", "--lake", "L", "--option", "zone", "README.md"], "--option name=value"),
+        (["--format", "canal-json", "--lake", "L", "--option", "zone", "README.md"], "'zone' is not name=value"),
         (["--format", "canal-json", "--lake", "L", "--sequence-by", "t", "README.md"], "expected db.table=column"),
     ],
 )

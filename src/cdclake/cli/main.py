@@ -134,6 +134,8 @@ def replay(
     from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
+    format_options = _parse_options(option or [])
+    sequence_map = _parse_sequence_by(sequence_by or [])
     if format_name != "auto":
         get_format(format_name)
     check_files(files)
@@ -154,8 +156,8 @@ def replay(
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
             transaction_consistent=transaction_consistent,
-            format_options=_parse_options(option or []),
-            sequence_by=_parse_sequence_by(sequence_by or []),
+            format_options=format_options,
+            sequence_by=sequence_map,
             changelog=_table_selection(changelog or []),
             scd2=_table_selection(scd2 or []),
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
