@@ -122,7 +122,7 @@ def _versions(lake: str) -> dict[str, int]:
 
 @pytest.mark.spark
 def test_batches_apply_only_complete_transactions(spark, lake: str) -> None:
-    history = _history(seed=31, events=90)
+    history = _history(seed=31, events=60)
     messages = _messages(history, seed=31)
     pipeline = _pipeline(spark, lake, transaction_consistent=True)
     cut_inside_a_transaction = 0
@@ -140,7 +140,7 @@ def test_batches_apply_only_complete_transactions(spark, lake: str) -> None:
 
 @pytest.mark.spark
 def test_mode_off_applies_every_change_seen(spark, lake: str) -> None:
-    history = _history(seed=32, events=80)
+    history = _history(seed=32, events=40)
     # Merged updates: with split ones a batch may end between the halves, and the row is briefly absent.
     messages = _messages(history, seed=32, update_mode="merged")
     pipeline = _pipeline(spark, lake)
@@ -160,7 +160,7 @@ def test_mode_off_applies_every_change_seen(spark, lake: str) -> None:
 def test_a_rerun_batch_changes_nothing_and_a_crash_before_storing_held_messages_recovers(
     spark, lake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    history = _history(seed=33, events=60)
+    history = _history(seed=33, events=40)
     messages = _messages(history, seed=33)
     pipeline = _pipeline(spark, lake, transaction_consistent=True)
     batches = _batches(messages, 19)

@@ -44,10 +44,15 @@ def test_replay_equals_truth_and_dead_letters_the_malformed(spark, lake, tmp_pat
 
 
 def test_small_batches_and_split_updates_across_batch_boundaries(spark, lake, tmp_path: Path) -> None:
-    history, messages = workload(seed=12, events=200, update_mode="split")
+    history, messages = workload(seed=15, events=90, update_mode="split")
+    lines = [m for m in messages if m.value is not None]
+    straddling = [
+        i for i in range(44, len(lines) - 1, 45) if lines[i].description.startswith("UPDATE_BEFOR")
+    ]  # the last line of a batch is the first half of an update
+    assert straddling, "no split update crosses a batch boundary: pick another seed"
     path = write_lines(tmp_path / "dw.jsonl", messages)
     results = replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], batch_lines=45)
-    assert len(results) > 4
+    assert len(results) >= 4
     assert_lake_equals_truth(lake, history)
 
 
@@ -82,7 +87,7 @@ def test_files_are_applied_in_the_order_given(spark, lake, tmp_path: Path) -> No
     assert_lake_equals_truth(lake, history)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
     batch_lines=st.integers(70, 400),
@@ -92,7 +97,7 @@ def test_property_random_histories_and_batch_splits_equal_truth(
     spark, tmp_path_factory, seed, batch_lines, update_mode
 ):
     lake = str(tmp_path_factory.mktemp("lake"))
-    history, messages = workload(seed=seed, events=150, update_mode=update_mode)
+    history, messages = workload(seed=seed, events=100, update_mode=update_mode)
     path = write_lines(Path(lake) / "in.jsonl", messages)
     replay(spark, lake=f"{lake}/out", format_name="dataworks-json", paths=[str(path)], batch_lines=batch_lines)
     assert_lake_equals_truth(f"{lake}/out", history)

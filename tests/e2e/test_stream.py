@@ -82,7 +82,7 @@ def test_restart_mid_stream_resumes_from_the_checkpoint(spark, kafka, tmp_path: 
 
 
 def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_path: Path) -> None:
-    history, messages = workload(seed=23, events=300)
+    history, messages = workload(seed=23, events=150)
     topic = _topic(kafka, messages)
     lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "ckpt")
     config = tmp_path / "pipeline.yaml"
