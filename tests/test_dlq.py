@@ -227,10 +227,11 @@ def test_filters(spark, lake, tmp_path: Path) -> None:
 
 def test_cli_list_and_replay(spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     misfit_lake(spark, lake, tmp_path)
-    # One table row per line, whatever the terminal: the CLI's consoles took their width when first imported.
-    monkeypatch.setattr(cli_main.out, "width", 1000)
-    monkeypatch.setattr(cli_main.err, "width", 1000)
-    runner = CliRunner(env={"COLUMNS": "1000"})
+    # Not a terminal: the CLI prints one table row per line (cli.main._console), nothing cut at 80 columns.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    assert cli_main.out.width == cli_main.PIPED_WIDTH
+    runner = CliRunner()
 
     listed = runner.invoke(app, ["dlq", "list", "--lake", lake, "--show-value"])
     assert listed.exit_code == 0, listed.output

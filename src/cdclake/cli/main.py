@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
@@ -26,8 +27,20 @@ dlq_app = typer.Typer(
     no_args_is_help=True, help="Dead letters: list them, and re-apply them once the cause is fixed (each at most once)."
 )
 app.add_typer(dlq_app, name="dlq")
-out = Console()
-err = Console(stderr=True)
+PIPED_WIDTH = 1_000
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A terminal wraps to its width; piped or redirected output (scripts, CI logs) gets one table row per line,
+    never cut at rich's default of 80 columns. ``COLUMNS`` still wins when set."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPED_WIDTH
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
 
 
 def _parse_keys(values: list[str]) -> dict[str, list[str]]:
