@@ -60,9 +60,7 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    Stream,
     add_malformed,
-    add_resend,
     group_changes,
     json_bytes,
     lake_state,
@@ -70,6 +68,7 @@ from cdclake.workload._open_common import (
     not_json,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -294,7 +293,7 @@ class _Writer:
         self.binlog = BinlogClock(rng)
         self.scn = _ORACLE_SCN_BASE
         self.gtid_number = 1000
-        self.stream = Stream()
+        self.stream = StreamBuilder()
 
     # -- positions -----------------------------------------------------------------------------------------------
     def _source(self, change: Change, position: dict[str, Any]) -> dict[str, Any]:
@@ -569,11 +568,11 @@ class _Writer:
             start = len(stream.messages)
             txn, positions = self._positions(group)
             if group[0].op == "ADD_COLUMN":
-                stream.add(self.schema_change(group[0], positions[0]))
+                stream.append(self.schema_change(group[0], positions[0]))
             else:
                 wrapped = options.transactions and group[0].op != "TRUNCATE"
                 if wrapped:
-                    stream.add(self.transaction_record("BEGIN", txn, group, group[0].event_time_ms))
+                    stream.append(self.transaction_record("BEGIN", txn, group, group[0].event_time_ms))
                 per_collection: dict[str, int] = {}
                 for order, (change, position) in enumerate(zip(group, positions, strict=True), start=1):
                     block = None
@@ -582,14 +581,14 @@ class _Writer:
                         per_collection[collection] = per_collection.get(collection, 0) + 1
                         block = {"id": txn, "total_order": order, "data_collection_order": per_collection[collection]}
                     for message in self.data_event(change, position, block):
-                        stream.add(message)
+                        stream.append(message)
                 if wrapped:
-                    stream.add(self.transaction_record("END", txn, group, group[-1].event_time_ms))
+                    stream.append(self.transaction_record("END", txn, group, group[-1].event_time_ms))
             latest_ms = max(latest_ms, group[-1].event_time_ms)
             stream.mark_boundary()
             since_heartbeat += len(stream.messages) - start
             if options.heartbeat_every and since_heartbeat >= options.heartbeat_every:
-                stream.add(self.heartbeat(latest_ms + self.rng.randint(1, 999)))
+                stream.append(self.heartbeat(latest_ms + self.rng.randint(1, 999)))
                 stream.mark_boundary()
                 since_heartbeat = 0
         for _ in range(options.resends):

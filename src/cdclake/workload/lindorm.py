@@ -41,14 +41,13 @@ from typing import Any, Final
 
 from cdclake.workload._open_common import (
     MalformedMaker,
-    Stream,
     add_malformed,
-    add_resend,
     json_bytes,
     lake_state,
     not_json,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -174,13 +173,13 @@ def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> 
     """Lindorm subscription messages for ``history``; no heartbeats, transactions or changed-only images exist in
     the format (those options are ignored). See the module doc for the limits."""
     rng = random.Random(seed)
-    stream = Stream()
+    stream = StreamBuilder()
     for change in history.changes:
         if not change.table.primary_key:
             continue
         message = render_change(change, change.event_time_ms + rng.randint(2, 400))
         if message is not None:
-            stream.add(message)
+            stream.append(message)
             stream.mark_boundary()
     for _ in range(options.resends):
         add_resend(stream, rng)

@@ -43,9 +43,7 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    Stream,
     add_malformed,
-    add_resend,
     group_changes,
     json_bytes,
     lake_state,
@@ -53,6 +51,7 @@ from cdclake.workload._open_common import (
     not_json,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -192,19 +191,19 @@ class _Writer:
         return Message(json_bytes(key), json_bytes(value), f"table-alter {table.qualified_name}")
 
     def render(self, history: SourceHistory) -> list[Message]:
-        stream = Stream()
+        stream = StreamBuilder()
         changes = [c for c in history.changes if is_mysql(c.table)]
         for group in group_changes(changes, self.rng, self.options.transactions):
             self.binlog.advance(65, 140)  # GTID and BEGIN query events
             first = group[0]
             if first.op == "ADD_COLUMN":
-                stream.add(self.table_alter(first))
+                stream.append(self.table_alter(first))
             elif first.op == "TRUNCATE":
                 self.binlog.advance(80, 120)  # the TRUNCATE query event Maxwell skips
             else:
                 self.xid += self.rng.randint(1, 30)
                 for xoffset, change in enumerate(group):
-                    stream.add(self.row(change, xoffset, commit=xoffset == len(group) - 1))
+                    stream.append(self.row(change, xoffset, commit=xoffset == len(group) - 1))
                 self.binlog.advance(31, 31)  # XID event
             for change in group:
                 self.previous[change.table.ident] = change.table

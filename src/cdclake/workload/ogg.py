@@ -37,15 +37,14 @@ from typing import Any, Final
 
 from cdclake.workload._open_common import (
     MalformedMaker,
-    Stream,
     add_malformed,
-    add_resend,
     group_changes,
     json_bytes,
     lake_state,
     not_json,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder, add_resend
 from cdclake.workload.dataworks import fake_oracle_rowid
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec, ms_to_datetime
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
@@ -157,7 +156,7 @@ class _Writer:
         return Message(None, json_bytes(value), f"{op_type} {table.qualified_name}")
 
     def render(self, history: SourceHistory) -> list[Message]:
-        stream = Stream()
+        stream = StreamBuilder()
         transactions = self.options.transactions
         for group in group_changes(history.changes, self.rng, transactions):
             operations = [c for c in group if c.op != "ADD_COLUMN"]
@@ -169,7 +168,7 @@ class _Writer:
                     last = index == len(operations) - 1
                     indicator = "W" if len(operations) == 1 else "B" if index == 0 else "E" if last else "M"
                     meta = {"xid": xid, "csn": str(self.csn), "txind": indicator, "op_seqno": index + 1}
-                stream.add(self.record(change, meta))
+                stream.append(self.record(change, meta))
             stream.mark_boundary()
         for _ in range(self.options.resends):
             add_resend(stream, self.rng)
