@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, localcontext
 from typing import Any
 
-from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
-from cdclake.workload.renderers import Message, Truth
+from cdclake.workload.renderers import Message, RenderOptions, Truth
 
 SOURCE_UTC_OFFSET = "+08:00"
 """Time zone of the simulated MySQL server and Canal/DTS/DRS processes (Alibaba and Huawei Cloud China regions).
@@ -299,6 +299,22 @@ def add_malformed(
         )
     )
     stream.insert(rng.choice(stream.boundaries), [Message(None, text.encode("utf-8"), description)])
+
+
+def shape(
+    stream: StreamBuilder,
+    options: RenderOptions,
+    rng: random.Random,
+    kinds: Sequence[str],
+    corrupt: Corrupt,
+    dumps: Callable[[Any], bytes],
+) -> None:
+    """Adds the re-send windows and then the undecodable messages that ``options`` asks for, cycling through the
+    malformed ``kinds`` (see :func:`add_malformed`)."""
+    for _ in range(options.resends):
+        add_resend(stream, rng)
+    for i in range(options.malformed):
+        add_malformed(stream, rng, kinds[i % len(kinds)], corrupt, dumps)
 
 
 def first_row_only(value: dict[str, Any]) -> dict[str, Any]:

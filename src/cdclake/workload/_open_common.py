@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec
-from cdclake.workload.renderers import Message, Truth
+from cdclake.workload.renderers import Message, RenderOptions, Truth
 
 # ----------------------------------------------------------------------------------------------------------------
 # JSON text as the Java vendors write it
@@ -87,7 +87,7 @@ def millis_text(moment: datetime, separator: str = " ") -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Commit groups and undecodable messages (the stream is a :class:`cdclake.workload._shaping.StreamBuilder`)
+# Commit groups, undecodable messages, re-sends (the stream is a :class:`cdclake.workload._shaping.StreamBuilder`)
 
 
 def group_changes(changes: Sequence[Change], rng: random.Random, transactions: bool) -> list[list[Change]]:
@@ -173,6 +173,34 @@ def add_malformed(
         message, after_template = made
         positions = [b for b in stream.boundaries if b > template_at] if after_template else stream.boundaries
         stream.insert(rng.choice(positions or stream.boundaries), [message])
+
+
+def edited_json(kind: str, edit: Callable[[Any], None]) -> MalformedMaker:
+    """A maker that parses the template's JSON value, spoils it in place with ``edit`` and writes it back with the
+    template's key (description ``malformed: <kind>``); it goes after its template."""
+
+    def make(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
+        del rng
+        assert template.value is not None
+        value = json.loads(template.value)
+        edit(value)
+        return Message(template.key, json_bytes(value), f"malformed: {kind}"), True
+
+    return make
+
+
+def shape(
+    stream: StreamBuilder,
+    options: RenderOptions,
+    rng: random.Random,
+    makers: Sequence[MalformedMaker],
+    row_types: Collection[str],
+) -> None:
+    """Adds the re-send windows and then the undecodable messages that ``options`` asks for; the latter are built
+    from row messages, those whose description starts with one of ``row_types``."""
+    for _ in range(options.resends):
+        add_resend(stream, rng)
+    add_malformed(stream, rng, options.malformed, makers, lambda m: m.description.split(" ")[0] in row_types)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ from cdclake.workload._canal_family import (
     MYSQL_TIMESTAMP,
     SOURCE_UTC_OFFSET,
     SOURCE_ZONE,
-    add_malformed,
     compact_json,
     first_row_only,
     is_ddl,
@@ -55,10 +54,11 @@ from cdclake.workload._canal_family import (
     mysql_lake_value,
     mysql_timestamp_columns,
     mysql_type,
+    shape,
     spoil_long_value,
     wall_clock_text,
 )
-from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups
+from cdclake.workload._shaping import StreamBuilder, commit_groups
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
@@ -181,10 +181,7 @@ def render_canal_json(history: SourceHistory, options: RenderOptions, seed: int)
         for event in _statements(group):
             stream.append(_canal_message(event, rows, options, gtid, batch_id, rng))
         stream.mark_boundary()
-    for _ in range(options.resends):
-        add_resend(stream, rng)
-    for i in range(options.malformed):
-        add_malformed(stream, rng, CANAL_MALFORMED_KINDS[i % len(CANAL_MALFORMED_KINDS)], canal_corrupt, compact_json)
+    shape(stream, options, rng, CANAL_MALFORMED_KINDS, canal_corrupt, compact_json)
     return RenderedStream(
         stream.messages,
         format_options={"source_timezone": SOURCE_UTC_OFFSET},
@@ -272,10 +269,7 @@ def render_dts_canal_json(
                 value["gtid"] = f"{SERVER_UUID}:{number}"
             stream.append(Message(None, compact_json(value), _describe(value["type"], change.table, 1)))
         stream.mark_boundary()
-    for _ in range(options.resends):
-        add_resend(stream, rng)
-    for i in range(options.malformed):
-        add_malformed(stream, rng, DTS_MALFORMED_KINDS[i % len(DTS_MALFORMED_KINDS)], dts_corrupt, compact_json)
+    shape(stream, options, rng, DTS_MALFORMED_KINDS, dts_corrupt, compact_json)
     format_options = {"source_timezone": SOURCE_UTC_OFFSET}
     if legacy_old_data_swap:
         format_options["legacy_old_data_swap"] = "true"

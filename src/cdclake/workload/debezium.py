@@ -60,15 +60,16 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    add_malformed,
+    edited_json,
     group_changes,
     json_bytes,
     lake_state,
     millis_text,
     not_json,
+    shape,
     truncated_json,
 )
-from cdclake.workload._shaping import StreamBuilder, add_resend
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -591,15 +592,7 @@ class _Writer:
                 stream.append(self.heartbeat(latest_ms + self.rng.randint(1, 999)))
                 stream.mark_boundary()
                 since_heartbeat = 0
-        for _ in range(options.resends):
-            add_resend(stream, self.rng)
-        add_malformed(
-            stream,
-            self.rng,
-            options.malformed,
-            MALFORMED_MAKERS,
-            lambda m: m.description.split(" ")[0] in ("c", "u", "d"),
-        )
+        shape(stream, options, self.rng, MALFORMED_MAKERS, ("c", "u", "d"))
         return stream.messages
 
 
@@ -607,13 +600,9 @@ class _Writer:
 # Undecodable messages
 
 
-def _unknown_op(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
+def _unknown_op(value: dict[str, Any]) -> None:
     """A data event with an op letter Debezium does not have."""
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
     value["payload"]["op"] = "x"
-    return Message(template.key, json_bytes(value), "malformed: unknown op x"), True
 
 
 def _value_misfit(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
@@ -630,7 +619,12 @@ def _value_misfit(rng: random.Random, template: Message) -> tuple[Message, bool]
     return Message(template.key, json_bytes(value), "malformed: int64 value 'abc'"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_op, _value_misfit)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown op x", _unknown_op),
+    _value_misfit,
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 

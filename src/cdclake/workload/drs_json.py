@@ -52,7 +52,6 @@ from cdclake.workload._canal_family import (
     SOURCE_UTC_OFFSET,
     SOURCE_ZONE,
     Corrupt,
-    add_malformed,
     epoch_seconds_text,
     html_safe_json,
     is_ddl,
@@ -64,10 +63,11 @@ from cdclake.workload._canal_family import (
     mysql_timestamp_columns,
     mysql_type,
     postgres_double_text,
+    shape,
     spoil_long_value,
     wall_clock_text,
 )
-from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups
+from cdclake.workload._shaping import StreamBuilder, commit_groups
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
@@ -363,10 +363,7 @@ def _render(
         if on_commit is not None:
             on_commit(group)
         stream.mark_boundary()
-    for _ in range(options.resends):
-        add_resend(stream, rng)
-    for i in range(options.malformed):
-        add_malformed(stream, rng, malformed_kinds[i % len(malformed_kinds)], corrupt, html_safe_json)
+    shape(stream, options, rng, malformed_kinds, corrupt, html_safe_json)
     return stream
 
 

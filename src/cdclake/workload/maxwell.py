@@ -34,7 +34,6 @@ Limits of the format (``expected``):
 from __future__ import annotations
 
 import base64
-import json
 import random
 import uuid
 from datetime import datetime
@@ -43,15 +42,16 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    add_malformed,
+    edited_json,
     group_changes,
     json_bytes,
     lake_state,
     millis_text,
     not_json,
+    shape,
     truncated_json,
 )
-from cdclake.workload._shaping import StreamBuilder, add_resend
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -208,35 +208,24 @@ class _Writer:
             for change in group:
                 self.previous[change.table.ident] = change.table
             stream.mark_boundary()
-        for _ in range(self.options.resends):
-            add_resend(stream, self.rng)
-        add_malformed(
-            stream,
-            self.rng,
-            self.options.malformed,
-            MALFORMED_MAKERS,
-            lambda m: m.description.split(" ")[0] in ("insert", "update", "delete"),
-        )
+        shape(stream, self.options, self.rng, MALFORMED_MAKERS, ("insert", "update", "delete"))
         return stream.messages
 
 
-def _unknown_type(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _unknown_type(value: dict[str, Any]) -> None:
     value["type"] = "frobnicate"
-    return Message(template.key, json_bytes(value), "malformed: unknown type frobnicate"), True
 
 
-def _bad_position(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _bad_position(value: dict[str, Any]) -> None:
     value["position"] = value["position"].replace(":", ":0x")
-    return Message(template.key, json_bytes(value), "malformed: position not file:offset"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_type, _bad_position)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown type frobnicate", _unknown_type),
+    edited_json("position not file:offset", _bad_position),
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 
