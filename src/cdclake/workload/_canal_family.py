@@ -4,7 +4,7 @@ JSON formats (:mod:`.drs_json`) write the same flat-message skeleton (``shared/f
 * vendor value encodings: Java ``Double.toString`` / PostgreSQL float text, ISO-8859-1 byte text, Java byte lists,
   wall-clock texts;
 * MySQL column declarations of each column kind (``mysqlType`` with and without lengths, JDBC ``sqlType``);
-* the stream shape: source transactions, failover re-sends (byte copies), undecodable messages;
+* undecodable messages (the stream, its commit groups and re-sends are :mod:`cdclake.workload._shaping`'s);
 * :func:`lake_truth`: what the lake holds of the source truth when a format cannot carry a value or a row identity.
 
 A key-less table has no identity in any Canal-family message (no hidden row id column, unlike DataWorks), so the
@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, localcontext
 from typing import Any
 
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
-from cdclake.workload.renderers import Message, Truth
+from cdclake.workload.renderers import Message, RenderOptions, Truth
 
 SOURCE_UTC_OFFSET = "+08:00"
 """Time zone of the simulated MySQL server and Canal/DTS/DRS processes (Alibaba and Huawei Cloud China regions).
@@ -245,111 +246,75 @@ def html_safe_json(value: Any) -> bytes:
 
 
 def is_ddl(change: Change) -> bool:
-    return change.op in ("TRUNCATE", "ADD_COLUMN")
+    return change.op in SCHEMA_CHANGES
 
 
-def source_transactions(changes: Iterable[Change], rng: random.Random) -> list[list[Change]]:
-    """Commit groups of the source: row changes in transactions of 1-5, each DDL alone (implicit commit)."""
-    groups: list[list[Change]] = []
-    current: list[Change] = []
-    target = rng.randint(1, 5)
-    for change in changes:
-        if is_ddl(change):
-            if current:
-                groups.append(current)
-                current = []
-            groups.append([change])
-            continue
-        current.append(change)
-        if len(current) >= target:
-            groups.append(current)
-            current, target = [], rng.randint(1, 5)
-    if current:
-        groups.append(current)
-    return groups
+def add_malformed(
+    stream: StreamBuilder,
+    rng: random.Random,
+    kind: str,
+    corrupt: Corrupt,
+    dumps: Callable[[Any], bytes],
+) -> None:
+    """Inserts one undecodable message of ``kind`` at a boundary.
 
-
-@dataclass
-class Stream:
-    """Messages plus the indexes between source transactions, where re-sends and malformed messages may go."""
-
-    messages: list[Message] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=lambda: [0])
-
-    def mark_boundary(self) -> None:
-        if self.boundaries[-1] != len(self.messages):
-            self.boundaries.append(len(self.messages))
-
-    def insert(self, at: int, new: list[Message]) -> None:
-        self.messages[at:at] = new
-        shifted = [b if b < at else b + len(new) for b in self.boundaries]
-        self.boundaries = sorted({*shifted, at, at + len(new)})
-
-    def add_resend(self, rng: random.Random) -> None:
-        """Writes the 5-30 messages before a random boundary again right after it (at-least-once delivery: a
-        producer that restarts resumes from its last checkpoint)."""
-        ends = [b for b in self.boundaries if b >= 1]
-        if not ends:
-            return
-        end = rng.choice(ends)
-        starts = [b for b in self.boundaries if 5 <= end - b <= 30] or [max(b for b in self.boundaries if b < end)]
-        start = rng.choice(starts)
-        copies = [
-            Message(m.key, m.value, m.description if m.is_resend else f"resend: {m.description}")
-            for m in self.messages[start:end]
+    ``truncated json`` and ``not json`` need no template; other kinds ask ``corrupt(kind, message)`` to spoil a
+    copy of a random row message (None: this message cannot show it). The spoiled copy goes after its template,
+    so a consumer that dedupes by a message id before validating still sees the real message first.
+    """
+    description = f"malformed: {kind}"
+    if kind == "truncated json":
+        candidates = [m for m in stream.messages if m.value is not None and not m.is_malformed]
+        if candidates:
+            template = rng.choice(candidates)
+            assert template.value is not None
+            text = template.value.decode("utf-8")
+            value = text[: rng.randint(1, len(text) - 1)].encode("utf-8")
+        else:
+            value = b'{"data":[{"id":"1"'
+        stream.insert(rng.choice(stream.boundaries), [Message(None, value, description)])
+        return
+    if kind != "not json":
+        rows = [
+            i
+            for i, m in enumerate(stream.messages)
+            if m.value is not None and not m.is_malformed and m.description.split(" ")[0] in ROW_TYPES
         ]
-        self.insert(end, copies)
-
-    def add_malformed(
-        self,
-        rng: random.Random,
-        kind: str,
-        corrupt: Corrupt,
-        dumps: Callable[[Any], bytes],
-    ) -> None:
-        """Inserts one undecodable message of ``kind`` at a boundary.
-
-        ``truncated json`` and ``not json`` need no template; other kinds ask ``corrupt(kind, message)`` to spoil a
-        copy of a random row message (None: this message cannot show it). The spoiled copy goes after its template,
-        so a consumer that dedupes by a message id before validating still sees the real message first.
-        """
-        description = f"malformed: {kind}"
-        if kind == "truncated json":
-            candidates = [m for m in self.messages if m.value is not None and not m.is_malformed]
-            if candidates:
-                template = rng.choice(candidates)
-                assert template.value is not None
-                text = template.value.decode("utf-8")
-                value = text[: rng.randint(1, len(text) - 1)].encode("utf-8")
-            else:
-                value = b'{"data":[{"id":"1"'
-            self.insert(rng.choice(self.boundaries), [Message(None, value, description)])
-            return
-        if kind != "not json":
-            rows = [
-                i
-                for i, m in enumerate(self.messages)
-                if m.value is not None and not m.is_malformed and m.description.split(" ")[0] in ROW_TYPES
-            ]
-            rng.shuffle(rows)
-            for at in rows:
-                value_bytes = self.messages[at].value
-                assert value_bytes is not None
-                spoiled = corrupt(kind, json.loads(value_bytes))
-                if spoiled is not None:
-                    after = [b for b in self.boundaries if b > at]
-                    self.insert(rng.choice(after), [Message(None, dumps(spoiled), description)])
-                    return
-            description = "malformed: not json"
-        text = rng.choice(
-            (
-                "this is not json",
-                "<html><body><h1>502 Bad Gateway</h1></body></html>",
-                "INSERT INTO customer VALUES (1, 'x')",
-                "\ufeff{'data': None}",
-            )
+        rng.shuffle(rows)
+        for at in rows:
+            value_bytes = stream.messages[at].value
+            assert value_bytes is not None
+            spoiled = corrupt(kind, json.loads(value_bytes))
+            if spoiled is not None:
+                after = [b for b in stream.boundaries if b > at]
+                stream.insert(rng.choice(after), [Message(None, dumps(spoiled), description)])
+                return
+        description = "malformed: not json"
+    text = rng.choice(
+        (
+            "this is not json",
+            "<html><body><h1>502 Bad Gateway</h1></body></html>",
+            "INSERT INTO customer VALUES (1, 'x')",
+            "\ufeff{'data': None}",
         )
-        self.insert(rng.choice(self.boundaries), [Message(None, text.encode("utf-8"), description)])
+    )
+    stream.insert(rng.choice(stream.boundaries), [Message(None, text.encode("utf-8"), description)])
+
+
+def shape(
+    stream: StreamBuilder,
+    options: RenderOptions,
+    rng: random.Random,
+    kinds: Sequence[str],
+    corrupt: Corrupt,
+    dumps: Callable[[Any], bytes],
+) -> None:
+    """Adds the re-send windows and then the undecodable messages that ``options`` asks for, cycling through the
+    malformed ``kinds`` (see :func:`add_malformed`)."""
+    for _ in range(options.resends):
+        add_resend(stream, rng)
+    for i in range(options.malformed):
+        add_malformed(stream, rng, kinds[i % len(kinds)], corrupt, dumps)
 
 
 def first_row_only(value: dict[str, Any]) -> dict[str, Any]:

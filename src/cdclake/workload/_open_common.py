@@ -1,6 +1,7 @@
-"""Pieces the renderers of the open formats share (Debezium, Lindorm, Maxwell, OGG): Java-style JSON text, the
-message stream with its insertion points, transaction grouping, failover re-sends, undecodable messages, MySQL
-binlog positions, and the lake state the apply engine reaches where a format cannot carry the source truth.
+"""Pieces the renderers of the open formats share (Debezium, Lindorm, Maxwell, OGG): Java-style JSON text,
+transaction grouping, undecodable messages, MySQL binlog positions, and the lake state the apply engine reaches where
+a format cannot carry the source truth. The message stream and its failover re-sends are
+:mod:`cdclake.workload._shaping`'s.
 
 Not a renderer itself (the leading underscore keeps :func:`cdclake.workload.renderers.renderers` from importing it
 as one).
@@ -11,14 +12,15 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec
-from cdclake.workload.renderers import Message, Truth
+from cdclake.workload.renderers import Message, RenderOptions, Truth
 
 # ----------------------------------------------------------------------------------------------------------------
 # JSON text as the Java vendors write it
@@ -85,33 +87,7 @@ def millis_text(moment: datetime, separator: str = " ") -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The stream
-
-
-@dataclass
-class Stream:
-    """Messages plus the indexes before which a heartbeat, a re-send or a malformed message may be inserted (never
-    inside a transaction)."""
-
-    messages: list[Message] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=lambda: [0])
-
-    def add(self, message: Message) -> None:
-        self.messages.append(message)
-
-    def mark_boundary(self) -> None:
-        if self.boundaries[-1] != len(self.messages):
-            self.boundaries.append(len(self.messages))
-
-    def insert(self, at: int, new: list[Message]) -> None:
-        self.messages[at:at] = new
-        shifted = [b if b < at else b + len(new) for b in self.boundaries]
-        self.boundaries = sorted({*shifted, at, at + len(new)})
-
-
-def is_ddl_like(change: Change) -> bool:
-    """TRUNCATE and ADD COLUMN commit implicitly: they are never inside a multi-change transaction."""
-    return change.op in ("TRUNCATE", "ADD_COLUMN")
+# Commit groups, undecodable messages, re-sends (the stream is a :class:`cdclake.workload._shaping.StreamBuilder`)
 
 
 def group_changes(changes: Sequence[Change], rng: random.Random, transactions: bool) -> list[list[Change]]:
@@ -123,11 +99,11 @@ def group_changes(changes: Sequence[Change], rng: random.Random, transactions: b
     current: list[Change] = []
     target = rng.randint(1, 5)
     for change in changes:
-        if current and (is_ddl_like(change) or change.table.db_type != current[0].table.db_type):
+        if current and (change.op in SCHEMA_CHANGES or change.table.db_type != current[0].table.db_type):
             groups.append(current)
             current = []
             target = rng.randint(1, 5)
-        if is_ddl_like(change):
+        if change.op in SCHEMA_CHANGES:
             groups.append([change])
             continue
         current.append(change)
@@ -138,22 +114,6 @@ def group_changes(changes: Sequence[Change], rng: random.Random, transactions: b
     if current:
         groups.append(current)
     return groups
-
-
-def add_resend(stream: Stream, rng: random.Random) -> None:
-    """Writes the 5-30 messages before a random boundary again right after it, byte for byte (a producer that
-    resumes from an older checkpoint after a failover)."""
-    ends = [b for b in stream.boundaries if b >= 1]
-    if not ends:
-        return
-    end = rng.choice(ends)
-    starts = [b for b in stream.boundaries if 5 <= end - b <= 30] or [max(b for b in stream.boundaries if b < end)]
-    start = rng.choice(starts)
-    copies = [
-        Message(m.key, m.value, m.description if m.is_resend else f"resend: {m.description}")
-        for m in stream.messages[start:end]
-    ]
-    stream.insert(end, copies)
 
 
 MalformedMaker = Callable[[random.Random, Message], tuple[Message, bool] | None]
@@ -185,7 +145,7 @@ def not_json(rng: random.Random, template: Message) -> tuple[Message, bool] | No
 
 
 def add_malformed(
-    stream: Stream,
+    stream: StreamBuilder,
     rng: random.Random,
     count: int,
     makers: Sequence[MalformedMaker],
@@ -213,6 +173,34 @@ def add_malformed(
         message, after_template = made
         positions = [b for b in stream.boundaries if b > template_at] if after_template else stream.boundaries
         stream.insert(rng.choice(positions or stream.boundaries), [message])
+
+
+def edited_json(kind: str, edit: Callable[[Any], None]) -> MalformedMaker:
+    """A maker that parses the template's JSON value, spoils it in place with ``edit`` and writes it back with the
+    template's key (description ``malformed: <kind>``); it goes after its template."""
+
+    def make(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
+        del rng
+        assert template.value is not None
+        value = json.loads(template.value)
+        edit(value)
+        return Message(template.key, json_bytes(value), f"malformed: {kind}"), True
+
+    return make
+
+
+def shape(
+    stream: StreamBuilder,
+    options: RenderOptions,
+    rng: random.Random,
+    makers: Sequence[MalformedMaker],
+    row_types: Collection[str],
+) -> None:
+    """Adds the re-send windows and then the undecodable messages that ``options`` asks for; the latter are built
+    from row messages, those whose description starts with one of ``row_types``."""
+    for _ in range(options.resends):
+        add_resend(stream, rng)
+    add_malformed(stream, rng, options.malformed, makers, lambda m: m.description.split(" ")[0] in row_types)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Stream shaping shared by the vendor renderers (DTS, DRS, SharePlex, DDS): commit groups, the places between
-transactions where extra messages may go, failover re-send windows and the insertion of undecodable messages.
+"""Stream shaping shared by the renderers: the message stream with the places between transactions where extra
+messages may go (:class:`StreamBuilder`, used by every renderer), failover re-send windows (:func:`add_resend`, idem),
+commit groups, and the insertion of undecodable messages (:func:`shape`: DTS, DRS, SharePlex, DDS; the open formats
+and the Canal family insert theirs after a template, see ``_open_common`` and ``_canal_family``).
 
 What a renderer writes for one change is format-specific; how a real stream interleaves those messages with
 re-sends and garbage is not, so it lives here once.

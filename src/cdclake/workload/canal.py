@@ -44,7 +44,6 @@ from cdclake.workload._canal_family import (
     MYSQL_TIMESTAMP,
     SOURCE_UTC_OFFSET,
     SOURCE_ZONE,
-    Stream,
     compact_json,
     first_row_only,
     is_ddl,
@@ -55,10 +54,11 @@ from cdclake.workload._canal_family import (
     mysql_lake_value,
     mysql_timestamp_columns,
     mysql_type,
-    source_transactions,
+    shape,
     spoil_long_value,
     wall_clock_text,
 )
+from cdclake.workload._shaping import StreamBuilder, commit_groups
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
@@ -172,19 +172,16 @@ def render_canal_json(history: SourceHistory, options: RenderOptions, seed: int)
     """Open-source Canal flat messages (``canal.mq.flatMessage=true``) for ``history``."""
     rng = random.Random(seed)
     rows = _MysqlRows(history)
-    stream = Stream()
+    stream = StreamBuilder()
     batch_id = 1 + rng.randrange(1000)
-    for number, group in enumerate(source_transactions(history.changes, rng), start=1):
+    for number, group in enumerate(commit_groups(history.changes, rng, transactions=True), start=1):
         gtid = f"{SERVER_UUID}:{number}" if options.transactions else ""
         if rng.random() < 0.5:  # a Canal batch holds the entries of one or more transactions
             batch_id += 1
         for event in _statements(group):
-            stream.messages.append(_canal_message(event, rows, options, gtid, batch_id, rng))
+            stream.append(_canal_message(event, rows, options, gtid, batch_id, rng))
         stream.mark_boundary()
-    for _ in range(options.resends):
-        stream.add_resend(rng)
-    for i in range(options.malformed):
-        stream.add_malformed(rng, CANAL_MALFORMED_KINDS[i % len(CANAL_MALFORMED_KINDS)], canal_corrupt, compact_json)
+    shape(stream, options, rng, CANAL_MALFORMED_KINDS, canal_corrupt, compact_json)
     return RenderedStream(
         stream.messages,
         format_options={"source_timezone": SOURCE_UTC_OFFSET},
@@ -262,20 +259,17 @@ def render_dts_canal_json(
     2022-03-20 (dts.md section 2) and sets the decoder option of the same name."""
     rng = random.Random(seed)
     rows = _MysqlRows(history)
-    stream = Stream()
+    stream = StreamBuilder()
     cache_offset = 1 + rng.randrange(1000)
-    for number, group in enumerate(source_transactions(history.changes, rng), start=1):
+    for number, group in enumerate(commit_groups(history.changes, rng, transactions=True), start=1):
         cache_offset += 1
         for change in group:
             value = _dts_message(change, rows, legacy_old_data_swap, cache_offset, rng)
             if options.transactions:
                 value["gtid"] = f"{SERVER_UUID}:{number}"
-            stream.messages.append(Message(None, compact_json(value), _describe(value["type"], change.table, 1)))
+            stream.append(Message(None, compact_json(value), _describe(value["type"], change.table, 1)))
         stream.mark_boundary()
-    for _ in range(options.resends):
-        stream.add_resend(rng)
-    for i in range(options.malformed):
-        stream.add_malformed(rng, DTS_MALFORMED_KINDS[i % len(DTS_MALFORMED_KINDS)], dts_corrupt, compact_json)
+    shape(stream, options, rng, DTS_MALFORMED_KINDS, dts_corrupt, compact_json)
     format_options = {"source_timezone": SOURCE_UTC_OFFSET}
     if legacy_old_data_swap:
         format_options["legacy_old_data_swap"] = "true"

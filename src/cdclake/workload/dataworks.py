@@ -22,9 +22,10 @@ from __future__ import annotations
 import base64
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups
 from cdclake.workload.history import (
     Change,
     ColumnKind,
@@ -332,48 +333,6 @@ def dumps(value: dict[str, Any]) -> bytes:
 # Whole stream
 
 
-@dataclass
-class _Stream:
-    """Messages plus the indexes before which something may be inserted."""
-
-    messages: list[Message] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=lambda: [0])
-
-    def mark_boundary(self) -> None:
-        if self.boundaries[-1] != len(self.messages):
-            self.boundaries.append(len(self.messages))
-
-    def insert(self, at: int, new: list[Message]) -> None:
-        self.messages[at:at] = new
-        n = len(new)
-        shifted = [b if b < at else b + n for b in self.boundaries]
-        self.boundaries = sorted({*shifted, at, at + n})
-
-
-def _group_changes(changes: list[Change], rng: random.Random, transactions: bool) -> list[list[Change]]:
-    """Splits changes into commit groups: DML transactions of 1-5 changes, DDL alone."""
-    if not transactions:
-        return [[c] for c in changes]
-    groups: list[list[Change]] = []
-    current: list[Change] = []
-    target = rng.randint(1, 5)
-    for change in changes:
-        if change.op in ("TRUNCATE", "ADD_COLUMN"):
-            if current:
-                groups.append(current)
-                current = []
-            groups.append([change])
-            continue
-        current.append(change)
-        if len(current) >= target:
-            groups.append(current)
-            current = []
-            target = rng.randint(1, 5)
-    if current:
-        groups.append(current)
-    return groups
-
-
 def render(history: SourceHistory, options: DataWorksOptions | None = None, seed: int = 0) -> list[Message]:
     """Renders a whole history as the DataWorks Kafka message stream.
 
@@ -390,16 +349,16 @@ def render(history: SourceHistory, options: DataWorksOptions | None = None, seed
     if options.heartbeat_every < 0 or options.failover_resends < 0 or options.malformed < 0:
         raise ValueError("DataWorksOptions counts must be >= 0")
     rng = random.Random(seed)
-    stream = _Stream()
+    stream = StreamBuilder()
     latest_time = history.changes[0].event_time_ms if history.changes else 0
     since_heartbeat = 0
     scn_of = {c.sequence: _ORACLE_SCN_BASE + i for i, c in enumerate(history.changes)}
 
-    for group in _group_changes(history.changes, rng, options.transactions):
+    for group in commit_groups(history.changes, rng, options.transactions):
         wrapped = options.transactions and group[0].op not in ("TRUNCATE", "ADD_COLUMN")
         start = len(stream.messages)
         if wrapped:
-            stream.messages.append(
+            stream.append(
                 Message(
                     None,
                     dumps(transaction_marker("TRANSACTION_BEGIN", group[0].event_time_ms)),
@@ -418,10 +377,10 @@ def render(history: SourceHistory, options: DataWorksOptions | None = None, seed
                 change, update_mode=mode, system_time_ms=system_time, scn=scn_of[change.sequence]
             ):
                 description = f"{value['payload']['op']} {change.table.qualified_name}"
-                stream.messages.append(Message(key, dumps(value), description))
+                stream.append(Message(key, dumps(value), description))
             latest_time = max(latest_time, change.event_time_ms)
         if wrapped:
-            stream.messages.append(
+            stream.append(
                 Message(
                     None,
                     dumps(transaction_marker("TRANSACTION_END", group[-1].event_time_ms)),
@@ -431,36 +390,19 @@ def render(history: SourceHistory, options: DataWorksOptions | None = None, seed
         stream.mark_boundary()
         since_heartbeat += len(stream.messages) - start
         if options.heartbeat_every and since_heartbeat >= options.heartbeat_every:
-            stream.messages.append(Message(None, dumps(heartbeat(latest_time)), "heartbeat"))
+            stream.append(Message(None, dumps(heartbeat(latest_time)), "heartbeat"))
             stream.mark_boundary()
             since_heartbeat = 0
 
     for _ in range(options.failover_resends):
-        _add_resend(stream, rng)
+        add_resend(stream, rng)
     used_sequences = {c.sequence for c in history.changes}
     for i in range(options.malformed):
         _add_malformed(stream, rng, MALFORMED_KINDS[i % len(MALFORMED_KINDS)], used_sequences)
     return stream.messages
 
 
-def _add_resend(stream: _Stream, rng: random.Random) -> None:
-    """Re-sends the 5-30 messages before a random boundary right after it (failover: resume at checkpoint)."""
-    ends = [b for b in stream.boundaries if b >= 1]
-    if not ends:
-        return
-    end = rng.choice(ends)
-    starts = [b for b in stream.boundaries if 5 <= end - b <= 30] or [
-        max(b for b in stream.boundaries if b < end)  # tiny stream or long group: the nearest boundary
-    ]
-    start = rng.choice(starts)
-    copies = [
-        Message(m.key, m.value, m.description if m.is_resend else f"resend: {m.description}")
-        for m in stream.messages[start:end]
-    ]
-    stream.insert(end, copies)
-
-
-def _add_malformed(stream: _Stream, rng: random.Random, kind: str, used_sequences: set[int]) -> None:
+def _add_malformed(stream: StreamBuilder, rng: random.Random, kind: str, used_sequences: set[int]) -> None:
     """Inserts one undecodable message of ``kind`` at a random boundary."""
     row_positions = [
         i

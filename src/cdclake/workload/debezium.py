@@ -60,16 +60,16 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    Stream,
-    add_malformed,
-    add_resend,
+    edited_json,
     group_changes,
     json_bytes,
     lake_state,
     millis_text,
     not_json,
+    shape,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -294,7 +294,7 @@ class _Writer:
         self.binlog = BinlogClock(rng)
         self.scn = _ORACLE_SCN_BASE
         self.gtid_number = 1000
-        self.stream = Stream()
+        self.stream = StreamBuilder()
 
     # -- positions -----------------------------------------------------------------------------------------------
     def _source(self, change: Change, position: dict[str, Any]) -> dict[str, Any]:
@@ -569,11 +569,11 @@ class _Writer:
             start = len(stream.messages)
             txn, positions = self._positions(group)
             if group[0].op == "ADD_COLUMN":
-                stream.add(self.schema_change(group[0], positions[0]))
+                stream.append(self.schema_change(group[0], positions[0]))
             else:
                 wrapped = options.transactions and group[0].op != "TRUNCATE"
                 if wrapped:
-                    stream.add(self.transaction_record("BEGIN", txn, group, group[0].event_time_ms))
+                    stream.append(self.transaction_record("BEGIN", txn, group, group[0].event_time_ms))
                 per_collection: dict[str, int] = {}
                 for order, (change, position) in enumerate(zip(group, positions, strict=True), start=1):
                     block = None
@@ -582,25 +582,17 @@ class _Writer:
                         per_collection[collection] = per_collection.get(collection, 0) + 1
                         block = {"id": txn, "total_order": order, "data_collection_order": per_collection[collection]}
                     for message in self.data_event(change, position, block):
-                        stream.add(message)
+                        stream.append(message)
                 if wrapped:
-                    stream.add(self.transaction_record("END", txn, group, group[-1].event_time_ms))
+                    stream.append(self.transaction_record("END", txn, group, group[-1].event_time_ms))
             latest_ms = max(latest_ms, group[-1].event_time_ms)
             stream.mark_boundary()
             since_heartbeat += len(stream.messages) - start
             if options.heartbeat_every and since_heartbeat >= options.heartbeat_every:
-                stream.add(self.heartbeat(latest_ms + self.rng.randint(1, 999)))
+                stream.append(self.heartbeat(latest_ms + self.rng.randint(1, 999)))
                 stream.mark_boundary()
                 since_heartbeat = 0
-        for _ in range(options.resends):
-            add_resend(stream, self.rng)
-        add_malformed(
-            stream,
-            self.rng,
-            options.malformed,
-            MALFORMED_MAKERS,
-            lambda m: m.description.split(" ")[0] in ("c", "u", "d"),
-        )
+        shape(stream, options, self.rng, MALFORMED_MAKERS, ("c", "u", "d"))
         return stream.messages
 
 
@@ -608,13 +600,9 @@ class _Writer:
 # Undecodable messages
 
 
-def _unknown_op(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
+def _unknown_op(value: dict[str, Any]) -> None:
     """A data event with an op letter Debezium does not have."""
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
     value["payload"]["op"] = "x"
-    return Message(template.key, json_bytes(value), "malformed: unknown op x"), True
 
 
 def _value_misfit(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
@@ -631,7 +619,12 @@ def _value_misfit(rng: random.Random, template: Message) -> tuple[Message, bool]
     return Message(template.key, json_bytes(value), "malformed: int64 value 'abc'"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_op, _value_misfit)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown op x", _unknown_op),
+    _value_misfit,
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 

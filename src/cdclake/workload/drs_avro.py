@@ -32,22 +32,18 @@ Choices where the spec is silent: the Kafka key is the quoted table name (the sa
 from __future__ import annotations
 
 import copy
-import io
 import random
 import uuid
 from decimal import Decimal
 from typing import Any, Final
 
-from cdclake.workload import _lake_model, _shaping
+from cdclake.workload import _avro, _lake_model, _shaping
 from cdclake.workload.history import Change, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
 NAMESPACE: Final = "com.huawei.hwclouds.drs.avro"
 
-
-def _record(name: str, *fields: tuple[str, Any]) -> dict[str, Any]:
-    return {"type": "record", "name": name, "fields": [{"name": n, "type": t} for n, t in fields]}
-
+_record = _avro.record_schema
 
 _VALUE_UNION: Final[list[Any]] = [
     "null",
@@ -160,21 +156,12 @@ def ddl_text(change: Change) -> str:
     )
 
 
-_PARSED_SCHEMA: Any = None
+_WRITER: Final = _avro.SchemalessWriter(SCHEMA)
 
 
 def to_avro(record: dict[str, Any], *, single_object: bool = True) -> bytes:
     """Avro binary of one DRS record, with the single-object header unless ``single_object`` is false."""
-    import fastavro  # the workload generator only; decoding never needs it
-
-    global _PARSED_SCHEMA
-    if _PARSED_SCHEMA is None:
-        _PARSED_SCHEMA = fastavro.parse_schema(copy.deepcopy(SCHEMA))
-    buffer = io.BytesIO()
-    if single_object:
-        buffer.write(SINGLE_OBJECT_MARKER + FINGERPRINT)
-    fastavro.schemaless_writer(buffer, _PARSED_SCHEMA, record)
-    return buffer.getvalue()
+    return _WRITER.write(record, SINGLE_OBJECT_MARKER + FINGERPRINT if single_object else b"")
 
 
 class _Renderer:
@@ -238,9 +225,7 @@ class _Renderer:
         key = (template["tableName"] or "").encode("utf-8")
         if kind == "Integer value 'abc'":
             image = template["afterImages"] if template["afterImages"] is not None else template["beforeImages"]
-            integers = [i for i, v in enumerate(image) if isinstance(v, tuple) and v[0].endswith(".Integer")]
-            if integers:
-                image[rng.choice(integers)] = _union("Integer", {"precision": 8, "value": "abc"})
+            if _avro.spoil_integer(image, rng, NAMESPACE):
                 return Message(key, to_avro(template, single_object=self.single_object), f"malformed: {kind}")
             kind = "truncated record"
         body = to_avro(template, single_object=False)

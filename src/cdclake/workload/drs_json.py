@@ -52,7 +52,6 @@ from cdclake.workload._canal_family import (
     SOURCE_UTC_OFFSET,
     SOURCE_ZONE,
     Corrupt,
-    Stream,
     epoch_seconds_text,
     html_safe_json,
     is_ddl,
@@ -64,10 +63,11 @@ from cdclake.workload._canal_family import (
     mysql_timestamp_columns,
     mysql_type,
     postgres_double_text,
-    source_transactions,
+    shape,
     spoil_long_value,
     wall_clock_text,
 )
+from cdclake.workload._shaping import StreamBuilder, commit_groups
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
@@ -350,23 +350,20 @@ def _render(
     corrupt: Corrupt,
     malformed_kinds: tuple[str, ...],
     on_commit: Callable[[list[Change]], None] | None = None,
-) -> Stream:
+) -> StreamBuilder:
     rng = random.Random(seed)
-    stream = Stream()
+    stream = StreamBuilder()
     sequence = FIRST_ID + rng.randrange(1000)
-    for group in source_transactions(history.changes, rng):
+    for group in commit_groups(history.changes, rng, transactions=True):
         for change in group:
             sequence += 1
             value = message(change, sequence, rng)
             description = f"{value['type']} {change.table.qualified_name}"
-            stream.messages.append(Message(None, html_safe_json(value), description))
+            stream.append(Message(None, html_safe_json(value), description))
         if on_commit is not None:
             on_commit(group)
         stream.mark_boundary()
-    for _ in range(options.resends):
-        stream.add_resend(rng)
-    for i in range(options.malformed):
-        stream.add_malformed(rng, malformed_kinds[i % len(malformed_kinds)], corrupt, html_safe_json)
+    shape(stream, options, rng, malformed_kinds, corrupt, html_safe_json)
     return stream
 
 

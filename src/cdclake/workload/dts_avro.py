@@ -37,22 +37,18 @@ table ``<database>.<table>`` (DTS's Oracle type codes are undocumented, 1.7).
 from __future__ import annotations
 
 import copy
-import io
 import json
 import random
 from decimal import Decimal
 from typing import Any, Final
 
-from cdclake.workload import _lake_model, _shaping
+from cdclake.workload import _avro, _lake_model, _shaping
 from cdclake.workload.history import Change, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
 
 NAMESPACE: Final = "com.alibaba.dts.formats.avro"
 
-
-def _record(name: str, *fields: tuple[str, Any]) -> dict[str, Any]:
-    return {"type": "record", "name": name, "fields": [{"name": n, "type": t} for n, t in fields]}
-
+_record = _avro.record_schema
 
 _OPTIONAL_INT: Final = ["null", "int"]
 _VALUE_UNION: Final[list[Any]] = [
@@ -227,19 +223,12 @@ def ddl_text(change: Change) -> str:
     return f"ALTER TABLE `{table.table}` ADD COLUMN `{column.name}` {MYSQL_DDL_TYPES[column.kind]} NULL"
 
 
-_PARSED_SCHEMA: Any = None
+_WRITER: Final = _avro.SchemalessWriter(SCHEMA)
 
 
 def to_avro(record: dict[str, Any]) -> bytes:
     """Plain Avro binary of one DTS record (dts.md 1.1: no container, no framing)."""
-    import fastavro  # the workload generator only; decoding never needs it
-
-    global _PARSED_SCHEMA
-    if _PARSED_SCHEMA is None:
-        _PARSED_SCHEMA = fastavro.parse_schema(copy.deepcopy(SCHEMA))
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, _PARSED_SCHEMA, record)
-    return buffer.getvalue()
+    return _WRITER.write(record)
 
 
 class _Binlog:
@@ -412,13 +401,8 @@ class _Renderer:
             # Longer than 48 bytes, or it would be a NOOP placeholder rather than a broken record.
             return Message(None, value[: rng.randint(NOOP_MAX_BYTES + 1, len(value) - 1)], f"malformed: {kind}")
         image = template["afterImages"] if template["afterImages"] is not None else template["beforeImages"]
-        if kind == "Integer value 'abc'":
-            integers = [i for i, v in enumerate(image) if isinstance(v, tuple) and v[0].endswith(".Integer")]
-            if integers:
-                at = rng.choice(integers)
-                image[at] = _union("Integer", {"precision": 8, "value": "abc"})
-            else:
-                kind = "afterImages shorter than fields"
+        if kind == "Integer value 'abc'" and not _avro.spoil_integer(image, rng, NAMESPACE):
+            kind = "afterImages shorter than fields"
         if kind == "afterImages shorter than fields":
             del image[-1]
         return Message(None, to_avro(template), f"malformed: {kind}")

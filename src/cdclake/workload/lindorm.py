@@ -34,21 +34,20 @@ Limits of the format (what ``keys`` and ``expected`` say):
 from __future__ import annotations
 
 import base64
-import json
 import random
 from datetime import datetime
 from typing import Any, Final
 
 from cdclake.workload._open_common import (
     MalformedMaker,
-    Stream,
-    add_malformed,
-    add_resend,
+    edited_json,
     json_bytes,
     lake_state,
     not_json,
+    shape,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -142,23 +141,20 @@ def render_change(change: Change, written_ms: int) -> Message | None:
     return Message(None, json_bytes(value), f"{op} {table.qualified_name}")
 
 
-def _unknown_op(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _unknown_op(value: dict[str, Any]) -> None:
     value["payload"]["op"] = "x"
-    return Message(None, json_bytes(value), "malformed: unknown op x"), True
 
 
-def _no_namespace(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _no_namespace(value: dict[str, Any]) -> None:
     del value["payload"]["source"]["namespace"]
-    return Message(None, json_bytes(value), "malformed: no source.namespace"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_op, _no_namespace)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown op x", _unknown_op),
+    edited_json("no source.namespace", _no_namespace),
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 
@@ -174,18 +170,14 @@ def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> 
     """Lindorm subscription messages for ``history``; no heartbeats, transactions or changed-only images exist in
     the format (those options are ignored). See the module doc for the limits."""
     rng = random.Random(seed)
-    stream = Stream()
+    stream = StreamBuilder()
     for change in history.changes:
         if not change.table.primary_key:
             continue
         message = render_change(change, change.event_time_ms + rng.randint(2, 400))
         if message is not None:
-            stream.add(message)
+            stream.append(message)
             stream.mark_boundary()
-    for _ in range(options.resends):
-        add_resend(stream, rng)
-    add_malformed(
-        stream, rng, options.malformed, MALFORMED_MAKERS, lambda m: m.description.split(" ")[0] in ("c", "u", "d")
-    )
+    shape(stream, options, rng, MALFORMED_MAKERS, ("c", "u", "d"))
     keys = {t.qualified_name: list(t.primary_key) for t in history.tables if t.primary_key}
     return RenderedStream(stream.messages, keys=keys, expected=lambda _truth: _expected(history))

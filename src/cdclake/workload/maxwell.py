@@ -34,7 +34,6 @@ Limits of the format (``expected``):
 from __future__ import annotations
 
 import base64
-import json
 import random
 import uuid
 from datetime import datetime
@@ -43,16 +42,16 @@ from typing import Any, Final
 from cdclake.workload._open_common import (
     BinlogClock,
     MalformedMaker,
-    Stream,
-    add_malformed,
-    add_resend,
+    edited_json,
     group_changes,
     json_bytes,
     lake_state,
     millis_text,
     not_json,
+    shape,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -192,52 +191,41 @@ class _Writer:
         return Message(json_bytes(key), json_bytes(value), f"table-alter {table.qualified_name}")
 
     def render(self, history: SourceHistory) -> list[Message]:
-        stream = Stream()
+        stream = StreamBuilder()
         changes = [c for c in history.changes if is_mysql(c.table)]
         for group in group_changes(changes, self.rng, self.options.transactions):
             self.binlog.advance(65, 140)  # GTID and BEGIN query events
             first = group[0]
             if first.op == "ADD_COLUMN":
-                stream.add(self.table_alter(first))
+                stream.append(self.table_alter(first))
             elif first.op == "TRUNCATE":
                 self.binlog.advance(80, 120)  # the TRUNCATE query event Maxwell skips
             else:
                 self.xid += self.rng.randint(1, 30)
                 for xoffset, change in enumerate(group):
-                    stream.add(self.row(change, xoffset, commit=xoffset == len(group) - 1))
+                    stream.append(self.row(change, xoffset, commit=xoffset == len(group) - 1))
                 self.binlog.advance(31, 31)  # XID event
             for change in group:
                 self.previous[change.table.ident] = change.table
             stream.mark_boundary()
-        for _ in range(self.options.resends):
-            add_resend(stream, self.rng)
-        add_malformed(
-            stream,
-            self.rng,
-            self.options.malformed,
-            MALFORMED_MAKERS,
-            lambda m: m.description.split(" ")[0] in ("insert", "update", "delete"),
-        )
+        shape(stream, self.options, self.rng, MALFORMED_MAKERS, ("insert", "update", "delete"))
         return stream.messages
 
 
-def _unknown_type(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _unknown_type(value: dict[str, Any]) -> None:
     value["type"] = "frobnicate"
-    return Message(template.key, json_bytes(value), "malformed: unknown type frobnicate"), True
 
 
-def _bad_position(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _bad_position(value: dict[str, Any]) -> None:
     value["position"] = value["position"].replace(":", ":0x")
-    return Message(template.key, json_bytes(value), "malformed: position not file:offset"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_type, _bad_position)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown type frobnicate", _unknown_type),
+    edited_json("position not file:offset", _bad_position),
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 

@@ -29,7 +29,6 @@ image, so identical rows are one lake row (:func:`cdclake.workload._open_common.
 from __future__ import annotations
 
 import base64
-import json
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,15 +36,15 @@ from typing import Any, Final
 
 from cdclake.workload._open_common import (
     MalformedMaker,
-    Stream,
-    add_malformed,
-    add_resend,
+    edited_json,
     group_changes,
     json_bytes,
     lake_state,
     not_json,
+    shape,
     truncated_json,
 )
+from cdclake.workload._shaping import StreamBuilder
 from cdclake.workload.dataworks import fake_oracle_rowid
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec, ms_to_datetime
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
@@ -157,7 +156,7 @@ class _Writer:
         return Message(None, json_bytes(value), f"{op_type} {table.qualified_name}")
 
     def render(self, history: SourceHistory) -> list[Message]:
-        stream = Stream()
+        stream = StreamBuilder()
         transactions = self.options.transactions
         for group in group_changes(history.changes, self.rng, transactions):
             operations = [c for c in group if c.op != "ADD_COLUMN"]
@@ -169,37 +168,26 @@ class _Writer:
                     last = index == len(operations) - 1
                     indicator = "W" if len(operations) == 1 else "B" if index == 0 else "E" if last else "M"
                     meta = {"xid": xid, "csn": str(self.csn), "txind": indicator, "op_seqno": index + 1}
-                stream.add(self.record(change, meta))
+                stream.append(self.record(change, meta))
             stream.mark_boundary()
-        for _ in range(self.options.resends):
-            add_resend(stream, self.rng)
-        add_malformed(
-            stream,
-            self.rng,
-            self.options.malformed,
-            MALFORMED_MAKERS,
-            lambda m: m.description.split(" ")[0] in ("I", "U", "D"),
-        )
+        shape(stream, self.options, self.rng, MALFORMED_MAKERS, ("I", "U", "D"))
         return stream.messages
 
 
-def _unknown_op_type(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _unknown_op_type(value: dict[str, Any]) -> None:
     value["op_type"] = "X"
-    return Message(None, json_bytes(value), "malformed: unknown op_type X"), True
 
 
-def _bad_pos(rng: random.Random, template: Message) -> tuple[Message, bool] | None:
-    del rng
-    assert template.value is not None
-    value = json.loads(template.value)
+def _bad_pos(value: dict[str, Any]) -> None:
     value["pos"] = value["pos"][:10] + "-" + value["pos"][10:]
-    return Message(None, json_bytes(value), "malformed: pos not digits"), True
 
 
-MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (truncated_json, not_json, _unknown_op_type, _bad_pos)
+MALFORMED_MAKERS: Final[tuple[MalformedMaker, ...]] = (
+    truncated_json,
+    not_json,
+    edited_json("unknown op_type X", _unknown_op_type),
+    edited_json("pos not digits", _bad_pos),
+)
 """Kinds of undecodable messages, in the order the renderer cycles through them."""
 
 

@@ -37,12 +37,13 @@ import hashlib
 import io
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Literal
 
 import fastavro
 
+from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups
 from cdclake.workload.history import Change, ColumnKind, SourceHistory, TableSpec, ms_to_datetime
 from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, Truth, register_renderer
 
@@ -363,48 +364,6 @@ def encode_envelope(kind: str, schema_id: str | None, schema: str | None, messag
     return avro_bytes(ENVELOPE_SCHEMA, envelope)
 
 
-@dataclass
-class _Stream:
-    """Messages plus the indexes before which something may be inserted (between transactions)."""
-
-    messages: list[Message] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=lambda: [0])
-    data: dict[int, DataChange] = field(default_factory=dict)
-    """id(message) -> the DT it encodes (templates for malformed messages)."""
-
-    def mark_boundary(self) -> None:
-        if self.boundaries[-1] != len(self.messages):
-            self.boundaries.append(len(self.messages))
-
-    def insert(self, at: int, new: list[Message]) -> None:
-        self.messages[at:at] = new
-        n = len(new)
-        shifted = [b if b < at else b + n for b in self.boundaries]
-        self.boundaries = sorted({*shifted, at, at + n})
-
-
-def _groups(changes: list[Change], rng: random.Random, transactions: bool) -> list[list[Change]]:
-    """Commit groups: DML transactions of 1-5 changes (one change each without ``transactions``), DDL alone."""
-    groups: list[list[Change]] = []
-    current: list[Change] = []
-    target = rng.randint(1, 5) if transactions else 1
-    for change in changes:
-        if change.op in ("TRUNCATE", "ADD_COLUMN"):
-            if current:
-                groups.append(current)
-                current = []
-            groups.append([change])
-            continue
-        current.append(change)
-        if len(current) >= target:
-            groups.append(current)
-            current = []
-            target = rng.randint(1, 5) if transactions else 1
-    if current:
-        groups.append(current)
-    return groups
-
-
 class _Renderer:
     def __init__(self, history: SourceHistory, options: RenderOptions, seed: int, encoding: Encoding) -> None:
         if options.resends < 0 or options.malformed < 0:
@@ -413,7 +372,9 @@ class _Renderer:
         self.options = options
         self.encoding = encoding
         self.rng = random.Random(seed)
-        self.stream = _Stream()
+        self.stream = StreamBuilder()
+        self.data: dict[int, DataChange] = {}
+        """id(message) -> the DT it encodes (templates for malformed messages)."""
         self.versions: dict[tuple[str, str], TableVersion] = {}
         self.announced: set[str] = set()
 
@@ -430,13 +391,13 @@ class _Renderer:
             return
         self.announced.add(table.schema_id)
         value = encode_metadata(table, utc_text(event_time_ms), self.encoding)
-        self.stream.messages.append(Message(table.kafka_key, value, f"MD {table.qlik_schema}.{table.spec.table}"))
+        self.stream.append(Message(table.kafka_key, value, f"MD {table.qlik_schema}.{table.spec.table}"))
 
     def emit(self, change: DataChange) -> None:
         description = f"{change.operation} {change.table.qlik_schema}.{change.table.spec.table}"
         message = Message(change.table.kafka_key, encode_data(change, self.encoding), description)
-        self.stream.messages.append(message)
-        self.stream.data[id(message)] = change
+        self.stream.append(message)
+        self.data[id(message)] = change
 
     def run(self) -> list[Message]:
         changes = self.history.changes
@@ -452,13 +413,13 @@ class _Renderer:
             self.emit(DataChange(table, "REFRESH", after, None, "", "", "", None, None, None, None))
             self.stream.mark_boundary()
         number_of = {id(c): i + 1 for i, c in enumerate(changes)}
-        for group_index, group in enumerate(_groups(changes[full_load:], self.rng, self.options.transactions)):
+        for group_index, group in enumerate(commit_groups(changes[full_load:], self.rng, self.options.transactions)):
             transaction_id = f"{group_index + 1:032X}"
             for position, change in enumerate(group, start=1):
                 self.render_change(change, number_of[id(change)], transaction_id, position, position == len(group))
             self.stream.mark_boundary()
         for _ in range(self.options.resends):
-            self.add_resend()
+            add_resend(self.stream, self.rng)
         kinds = MALFORMED_AVRO if self.encoding == "avro" else MALFORMED_JSON
         for i in range(self.options.malformed):
             self.add_malformed(kinds[i % len(kinds)])
@@ -520,36 +481,21 @@ class _Renderer:
             )
         )
 
-    def add_resend(self) -> None:
-        """Re-sends the 5-30 messages before a random boundary right after it (as after a task restart)."""
-        stream, rng = self.stream, self.rng
-        ends = [b for b in stream.boundaries if b >= 1]
-        if not ends:
-            return
-        end = rng.choice(ends)
-        starts = [b for b in stream.boundaries if 5 <= end - b <= 30] or [max(b for b in stream.boundaries if b < end)]
-        start = rng.choice(starts)
-        copies = [
-            Message(m.key, m.value, m.description if m.is_resend else f"resend: {m.description}")
-            for m in stream.messages[start:end]
-        ]
-        stream.insert(end, copies)
-
     def add_malformed(self, kind: str) -> None:
         """One undecodable message of ``kind`` at a random boundary after its template."""
         stream, rng = self.stream, self.rng
         templates = [
             i
             for i, m in enumerate(stream.messages)
-            if id(m) in stream.data and not m.is_resend and stream.data[id(m)].operation != "REFRESH"
+            if id(m) in self.data and not m.is_resend and self.data[id(m)].operation != "REFRESH"
         ]
         if kind == "INT8 value 'abc'":
-            templates = [i for i in templates if _captured_longs(stream.data[id(stream.messages[i])])]
+            templates = [i for i in templates if _captured_longs(self.data[id(stream.messages[i])])]
         if not templates:
             kind = "not an envelope" if self.encoding == "avro" else "not json"
         at = rng.choice(templates) if templates else 0
         template = stream.messages[at] if templates else None
-        change = stream.data[id(template)] if template is not None else None
+        change = self.data[id(template)] if template is not None else None
         value: bytes
         if template is None or change is None or template.value is None or kind in ("not json", "not an envelope"):
             if self.encoding == "avro":
