@@ -242,20 +242,24 @@ def schema_fields(schema: Column) -> Column:
     ("Column deletion"): it is still a column of the message.
     """
     top = F.try_variant_get(schema, "$.fields", "array<struct<field: string, fields: variant>>")
-    images = F.filter(F.coalesce(top, F.array()), lambda f: f["field"].isin("after", "before"))
-    typed = F.transform(
-        images,
-        lambda f: F.struct(
-            f["field"].alias("which"), F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>").alias("fields")
-        ),
-    )
-    after = F.get(F.filter(typed, lambda f: (f["which"] == "after") & f["fields"].isNotNull()), 0)["fields"]
-    before = F.get(F.filter(typed, lambda f: (f["which"] == "before") & f["fields"].isNotNull()), 0)["fields"]
     none = F.array().cast(f"array<{_FIELD}>")
-    only_before = F.filter(
-        F.coalesce(before, none), lambda b: ~F.exists(F.coalesce(after, none), lambda a: a["field"] == b["field"])
-    )
-    return F.when(after.isNotNull(), F.concat(after, only_before)).otherwise(before)
+
+    def image(fields: Column, which: str) -> Column:
+        """The first ``which`` element of the envelope's fields that declares a list of fields."""
+        typed = F.transform(
+            F.filter(fields, lambda f: f["field"] == which),
+            lambda f: F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>"),
+        )
+        return F.get(F.filter(typed, lambda f: f.isNotNull()), 0)
+
+    def declared(after: Column, before: Column) -> Column:
+        only_before = F.filter(
+            F.coalesce(before, none), lambda b: ~F.exists(F.coalesce(after, none), lambda a: a["field"] == b["field"])
+        )
+        return F.when(after.isNotNull(), F.concat(after, only_before)).otherwise(before)
+
+    # Each image's fields are cast from the variant once (lambda variables), not once per use.
+    return let(top, lambda t: let(image(t, "after"), lambda a: let(image(t, "before"), lambda b: declared(a, b))))
 
 
 def inferred_fields(before: Column, after: Column, kinds: Column) -> Column:
