@@ -176,11 +176,12 @@ def spark_type(info: Column) -> Column:
     )
 
 
-def canonical_value(value: Column, info: Column) -> Column:
+def canonical_value(value: Column, info: Column, text: Column | None = None) -> Column:
     """One JSON value (VARIANT) of a column -> canonical text; null for JSON null and for values that do not fit
-    (the caller compares with the raw text to report those)."""
+    (the caller compares with the raw text to report those). ``text``: ``value`` cast to string, if the caller has
+    it already."""
     name, typ = info["name"], info["type"]
-    text = value.cast("string")
+    text = value.cast("string") if text is None else text
     scale = info["parameters"]["scale"].try_cast("int")
     whole = text.try_cast("bigint")
     zoned = F.when(
@@ -208,30 +209,40 @@ def canonical_value(value: Column, info: Column) -> Column:
 
 def inferred_field(name: Column, value: Column, json_text: Column) -> Column:
     """Schemaless column description from a JSON value: a pseudo Connect field (see the module doc)."""
-    kind = F.schema_of_variant(value)
-    typ = (
-        F.when(kind == "BOOLEAN", F.lit("boolean"))
-        .when(kind == "STRING", F.lit("string"))
-        .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit("string"))
-        .when(kind.isin("VOID") | value.isNull(), F.lit("string"))
-        .when(json_text.rlike(r"^-?\d+$"), F.lit("int64"))
-        .otherwise(F.lit("float64"))
+
+    def describe(facts: Column) -> Column:
+        kind, integral = facts["kind"], facts["integral"]
+        typ = (
+            F.when(kind == "BOOLEAN", F.lit("boolean"))
+            .when(kind == "STRING", F.lit("string"))
+            .when(kind.startswith("OBJECT") | kind.startswith("ARRAY"), F.lit("string"))
+            .when(kind.isin("VOID") | facts["null"], F.lit("string"))
+            .when(integral, F.lit("int64"))
+            .otherwise(F.lit("float64"))
+        )
+        vendor = (
+            F.when(kind == "BOOLEAN", F.lit("boolean"))
+            .when(kind == "STRING", F.lit("string"))
+            .when(kind.startswith("OBJECT"), F.lit("object"))
+            .when(kind.startswith("ARRAY"), F.lit("array"))
+            .when(kind.isin("VOID") | facts["null"], F.lit(NULL_VALUE))
+            .when(integral, F.lit("integer"))
+            .otherwise(F.lit("number"))
+        )
+        return F.struct(
+            name.alias("field"),
+            typ.alias("type"),
+            vendor.alias("name"),
+            F.create_map().cast("map<string,string>").alias("parameters"),
+        )
+
+    # Staged in a lambda variable: inside the caller's lambda, each reference would re-evaluate the value's kind.
+    facts = F.struct(
+        F.schema_of_variant(value).alias("kind"),
+        value.isNull().alias("null"),
+        json_text.rlike(r"^-?\d+$").alias("integral"),
     )
-    vendor = (
-        F.when(kind == "BOOLEAN", F.lit("boolean"))
-        .when(kind == "STRING", F.lit("string"))
-        .when(kind.startswith("OBJECT"), F.lit("object"))
-        .when(kind.startswith("ARRAY"), F.lit("array"))
-        .when(kind.isin("VOID") | value.isNull(), F.lit(NULL_VALUE))
-        .when(json_text.rlike(r"^-?\d+$"), F.lit("integer"))
-        .otherwise(F.lit("number"))
-    )
-    return F.struct(
-        name.alias("field"),
-        typ.alias("type"),
-        vendor.alias("name"),
-        F.create_map().cast("map<string,string>").alias("parameters"),
-    )
+    return let(facts, describe)
 
 
 def schema_fields(schema: Column) -> Column:
@@ -242,20 +253,24 @@ def schema_fields(schema: Column) -> Column:
     ("Column deletion"): it is still a column of the message.
     """
     top = F.try_variant_get(schema, "$.fields", "array<struct<field: string, fields: variant>>")
-    images = F.filter(F.coalesce(top, F.array()), lambda f: f["field"].isin("after", "before"))
-    typed = F.transform(
-        images,
-        lambda f: F.struct(
-            f["field"].alias("which"), F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>").alias("fields")
-        ),
-    )
-    after = F.get(F.filter(typed, lambda f: (f["which"] == "after") & f["fields"].isNotNull()), 0)["fields"]
-    before = F.get(F.filter(typed, lambda f: (f["which"] == "before") & f["fields"].isNotNull()), 0)["fields"]
     none = F.array().cast(f"array<{_FIELD}>")
-    only_before = F.filter(
-        F.coalesce(before, none), lambda b: ~F.exists(F.coalesce(after, none), lambda a: a["field"] == b["field"])
-    )
-    return F.when(after.isNotNull(), F.concat(after, only_before)).otherwise(before)
+
+    def image(fields: Column, which: str) -> Column:
+        """The first ``which`` element of the envelope's fields that declares a list of fields."""
+        typed = F.transform(
+            F.filter(fields, lambda f: f["field"] == which),
+            lambda f: F.try_variant_get(f["fields"], "$", f"array<{_FIELD}>"),
+        )
+        return F.get(F.filter(typed, lambda f: f.isNotNull()), 0)
+
+    def declared(after: Column, before: Column) -> Column:
+        only_before = F.filter(
+            F.coalesce(before, none), lambda b: ~F.exists(F.coalesce(after, none), lambda a: a["field"] == b["field"])
+        )
+        return F.when(after.isNotNull(), F.concat(after, only_before)).otherwise(before)
+
+    # Each image's fields are cast from the variant once (lambda variables), not once per use.
+    return let(top, lambda t: let(image(t, "after"), lambda a: let(image(t, "before"), lambda b: declared(a, b))))
 
 
 def inferred_fields(before: Column, after: Column, kinds: Column) -> Column:
@@ -268,10 +283,12 @@ def inferred_fields(before: Column, after: Column, kinds: Column) -> Column:
     )
 
     def pick(k: Column) -> Column:
-        use_after = F.coalesce(after[k].cast("string").isNotNull(), F.lit(False))
-        value = F.when(use_after, after[k]).otherwise(before[k])
-        text = F.when(use_after, kinds["after"][k]).otherwise(kinds["before"][k])
-        return inferred_field(k, value, text)
+        def chosen(use_after: Column) -> Column:
+            value = F.when(use_after, after[k]).otherwise(before[k])
+            text = F.when(use_after, kinds["after"][k]).otherwise(kinds["before"][k])
+            return let(F.struct(value.alias("v"), text.alias("t")), lambda c: inferred_field(k, c["v"], c["t"]))
+
+        return let(F.coalesce(after[k].cast("string").isNotNull(), F.lit(False)), chosen)
 
     return F.transform(names, pick)
 
@@ -310,10 +327,10 @@ def image_stages(
         return F.transform_values(
             image,
             lambda k, v: let(
-                info[k],
-                lambda i: F.struct(
-                    v.cast("string").alias("raw"),
-                    F.when(i.isNotNull(), canonical_value(v, i)).otherwise(v.cast("string")).alias("text"),
+                F.struct(info[k].alias("i"), v.cast("string").alias("raw")),
+                lambda c: F.struct(
+                    c["raw"].alias("raw"),
+                    F.when(c["i"].isNotNull(), canonical_value(v, c["i"], c["raw"])).otherwise(c["raw"]).alias("text"),
                 ),
             ),
         )
