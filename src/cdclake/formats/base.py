@@ -197,28 +197,84 @@ def _bad_identifier(name: Column) -> Column:
 
 def _bad_column_name(name: Column) -> Column:
     reserved = F.lower(name).startswith(model.METADATA_PREFIX) & (name != F.lit(model.ROW_ID_COLUMN))
-    # Delta (without column mapping) rejects these characters in column names.
-    return _bad_identifier(name) | reserved | name.rlike(r"[ ,;{}()\n\t=]")
+    # Delta (without column mapping) rejects these characters in column names. One regular expression for the
+    # control characters of _bad_identifier and Delta's (\n and \t are control characters): it runs per column name
+    # of every row event.
+    return (
+        name.isNull()
+        | (F.length(name) == 0)
+        | (F.length(name) > MAX_IDENTIFIER_LENGTH)
+        | reserved
+        | name.rlike(r"[\x00-\x1f\x7f ,;{}()=]")
+    )
 
 
-def _checks(df: DataFrame) -> Column:
-    """Errors every format must detect, in the order they are reported."""
-    op, table, columns = F.col(model.OP), F.col(model.TABLE), F.col(model.COLUMNS)
+# Columns that _stage_checks adds and _checks reads.
+_IS_ROW_OP: Final = "_chk_is_row_op"
+_NAMES: Final = "_chk_names"
+_DECLARED: Final = "_chk_declared"
+_BAD_NAMES: Final = "_chk_bad_names"
+_UNDECLARED_AFTER: Final = "_chk_undeclared_after"
+_UNDECLARED_BEFORE: Final = "_chk_undeclared_before"
+_INVALID_AFTER: Final = "_chk_invalid_after"
+_INVALID_BEFORE: Final = "_chk_invalid_before"
+
+
+def _declared_columns(columns: Column) -> Column:
+    return F.coalesce(columns, F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>"))
+
+
+def _invalid_values(image: Column, columns: Column) -> Column:
+    """The declared columns whose value in ``image`` is not valid canonical text for their type, in column order."""
+    return F.filter(_declared_columns(columns), lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"]))
+
+
+def _stage_checks(df: DataFrame) -> DataFrame:
+    """``df`` with the per-row inputs of :func:`_checks` computed once, as columns.
+
+    Staged, because Spark evaluates an expression again wherever it occurs: inside a lambda (once per element) and
+    in each condition of the ``first_error`` CASE. Only row events are checked, so the rest get nulls.
+    """
+    op, columns = F.col(model.OP), F.col(model.COLUMNS)
     is_row_op = op.isin(*(o.value for o in model.ROW_OPS))
-    column_names = F.transform(columns, lambda c: c["name"])
-    declared = F.coalesce(column_names, F.array().cast("array<string>"))
+    names = F.when(is_row_op, F.transform(columns, lambda c: c["name"]))
+    first = df.select(
+        "*",
+        F.coalesce(is_row_op, F.lit(False)).alias(_IS_ROW_OP),
+        names.alias(_NAMES),
+        F.coalesce(names, F.array().cast("array<string>")).alias(_DECLARED),
+    )
+    row, declared = F.col(_IS_ROW_OP), F.col(_DECLARED)
 
     def undeclared(image: Column) -> Column:
-        return F.filter(F.map_keys(image), lambda k: ~F.array_contains(declared, k))
+        return F.when(row, F.filter(F.map_keys(image), lambda k: ~F.array_contains(declared, k)))
 
-    def invalid_values(image: Column) -> Column:
-        return F.filter(
-            F.coalesce(columns, F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>")),
-            lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"]),
+    def invalid(image: Column) -> Column:
+        # Only whether there is one (stops at the first): which one, for the message, is worked out again for the
+        # rows that have one. text_is_valid is never null, so this is size(_invalid_values(..)) > 0.
+        return F.when(
+            row & image.isNotNull(),
+            F.exists(_declared_columns(columns), lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"])),
         )
 
+    return first.select(
+        "*",
+        F.filter(F.col(_NAMES), _bad_column_name).alias(_BAD_NAMES),
+        undeclared(F.col(model.AFTER)).alias(_UNDECLARED_AFTER),
+        undeclared(F.col(model.BEFORE)).alias(_UNDECLARED_BEFORE),
+        invalid(F.col(model.AFTER)).alias(_INVALID_AFTER),
+        invalid(F.col(model.BEFORE)).alias(_INVALID_BEFORE),
+    )
+
+
+def _checks() -> Column:
+    """Errors every format must detect, in the order they are reported (over the columns of :func:`_stage_checks`)."""
+    op, table, columns = F.col(model.OP), F.col(model.TABLE), F.col(model.COLUMNS)
+    is_row_op = F.col(_IS_ROW_OP)
+    column_names, declared, bad_names = F.col(_NAMES), F.col(_DECLARED), F.col(_BAD_NAMES)
+
     def first_invalid(image: Column, which: str) -> Column:
-        bad = invalid_values(image)[0]
+        bad = _invalid_values(image, columns)[0]
         return F.format_string(
             f"{which} value %s of column %s is not a valid %s (declared %s)",
             F.substring(image[bad["name"]], 1, 80),
@@ -227,7 +283,6 @@ def _checks(df: DataFrame) -> Column:
             bad["vendor_type"],
         )
 
-    bad_names = F.filter(column_names, _bad_column_name)
     return first_error(
         (
             is_row_op
@@ -248,27 +303,17 @@ def _checks(df: DataFrame) -> Column:
             F.lit("duplicate column names (names are compared case-insensitively)"),
         ),
         (
-            is_row_op & (F.size(undeclared(F.col(model.AFTER))) > 0),
+            is_row_op & (F.size(F.col(_UNDECLARED_AFTER)) > 0),
+            F.format_string("after image has column %s that the message does not declare", F.col(_UNDECLARED_AFTER)[0]),
+        ),
+        (
+            is_row_op & (F.size(F.col(_UNDECLARED_BEFORE)) > 0),
             F.format_string(
-                "after image has column %s that the message does not declare",
-                undeclared(F.col(model.AFTER))[0],
+                "before image has column %s that the message does not declare", F.col(_UNDECLARED_BEFORE)[0]
             ),
         ),
-        (
-            is_row_op & (F.size(undeclared(F.col(model.BEFORE))) > 0),
-            F.format_string(
-                "before image has column %s that the message does not declare",
-                undeclared(F.col(model.BEFORE))[0],
-            ),
-        ),
-        (
-            is_row_op & (F.size(invalid_values(F.col(model.AFTER))) > 0),
-            first_invalid(F.col(model.AFTER), "after"),
-        ),
-        (
-            is_row_op & (F.size(invalid_values(F.col(model.BEFORE))) > 0),
-            first_invalid(F.col(model.BEFORE), "before"),
-        ),
+        (is_row_op & F.col(_INVALID_AFTER), first_invalid(F.col(model.AFTER), "after")),
+        (is_row_op & F.col(_INVALID_BEFORE), first_invalid(F.col(model.BEFORE), "before")),
         (
             is_row_op
             & F.exists(F.coalesce(F.col(model.KEY_COLUMNS), F.array()), lambda k: ~F.array_contains(declared, k)),
@@ -321,8 +366,8 @@ def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
         else:
             column = F.lit(None)
         selected.append(column.cast(fld.dataType).alias(fld.name))
-    projected = df.select(*selected, format_error.alias("_format_error"))
-    error = F.coalesce(F.col("_format_error"), _checks(projected))
+    projected = _stage_checks(df.select(*selected, format_error.alias("_format_error")))
+    error = F.coalesce(F.col("_format_error"), _checks())
     return projected.select(
         *(F.col(c) for c in model.CANONICAL_COLUMNS if c != model.ERROR), error.alias(model.ERROR)
     ).select(*model.CANONICAL_COLUMNS)

@@ -113,13 +113,29 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     data_columns = F.coalesce(schema["dataColumn"], F.array().cast("array<struct<name:string,type:string>>"))
     names = F.transform(data_columns, lambda c: c["name"])
     unique_names = F.size(F.array_distinct(names)) == F.size(names)
+    # No map for a null name (map_from_entries would throw): such a message is a dead letter of the shared checks.
     types = F.when(
-        unique_names, F.map_from_entries(F.transform(data_columns, lambda c: F.struct(c["name"], c["type"])))
+        unique_names & F.forall(names, lambda n: n.isNotNull()),
+        F.map_from_entries(F.transform(data_columns, lambda c: F.struct(c["name"], c["type"]))),
     )
     is_oracle = F.coalesce(F.lower(source["dbType"]) == "oracle", F.lit(False))
     primary_key = F.coalesce(schema["primaryKey"], F.array().cast("array<string>"))
     hidden = F.filter(names, lambda n: _is_hidden(n, is_oracle))
     has_row_id = (F.size(primary_key) == 0) & (F.size(hidden) > 0)
+    # Staged as columns: the image and column lambdas below read them once per value; left as expressions, Spark
+    # would rebuild the whole type map (and the row-id test over every name) again for each value.
+    parsed = parsed.select(
+        "*",
+        data_columns.alias("_data_columns"),
+        types.alias("_types"),
+        is_oracle.alias("_is_oracle"),
+        has_row_id.alias("_has_row_id"),
+        op.alias("_op"),
+    )
+    data_columns, types, op = F.col("_data_columns"), F.col("_types"), F.col("_op")
+    is_oracle, has_row_id = F.col("_is_oracle"), F.col("_has_row_id")
+    names = F.transform(data_columns, lambda c: c["name"])
+    unique_names = F.size(F.array_distinct(names)) == F.size(names)
     key_columns = F.when(has_row_id, F.array(F.lit(model.ROW_ID_COLUMN))).otherwise(primary_key)
     columns = F.transform(
         F.filter(data_columns, lambda c: has_row_id | ~_is_hidden(c["name"], is_oracle)),

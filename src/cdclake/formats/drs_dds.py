@@ -104,17 +104,39 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     m = F.col("_m")
     vendor_op, record_type = m["op"], m["recordType"]
     op = op_from_code(vendor_op, OPERATIONS)
-    value_json, where_json = shell_to_json(m["value"]), shell_to_json(m["where"])
-    value_doc, where_doc = _document(value_json), _document(where_json)
-    operators = F.from_json(value_json, DOCUMENT)
-    sets = _document(F.to_json(operators["$set"]))
-    unsets = F.from_json(value_json, "STRUCT<`$unset`: MAP<STRING, VARIANT>>")["$unset"]
-    unset_nulls = F.transform_values(unsets, lambda _k, _v: F.lit(None).cast("string"))
+    # Staged as columns, step by step: the shell rewrites (nine regular expressions) and the JSON parses feed
+    # several expressions each, some of them inside lambdas, where Spark would evaluate them again per element.
+    parsed = parsed.select(
+        "*",
+        op.alias("_op"),
+        shell_to_json(m["value"]).alias("_value_json"),
+        shell_to_json(m["where"]).alias("_where_json"),
+    )
+    op, value_json, where_json = F.col("_op"), F.col("_value_json"), F.col("_where_json")
     is_partial = (op == Op.UPDATE.value) & (record_type == "update")
+    # $set and $unset are read for partial updates only (every use below is under is_partial).
+    parsed = parsed.select(
+        "*",
+        F.from_json(value_json, DOCUMENT).alias("_operators"),
+        _document(where_json).alias("_where_doc"),
+        F.when(is_partial, F.from_json(value_json, "STRUCT<`$unset`: MAP<STRING, VARIANT>>")["$unset"]).alias(
+            "_unsets"
+        ),
+    )
+    operators, where_doc, unsets = F.col("_operators"), F.col("_where_doc"), F.col("_unsets")
+    value_doc = exact_text_image(operators)  # = _document(value_json)
+    sets = F.when(is_partial, _document(F.to_json(operators["$set"])))
+    empty_map = F.create_map().cast("map<string,string>")
+    parsed = parsed.select(
+        "*",
+        value_doc.alias("_value_doc"),
+        sets.alias("_sets"),
+        F.map_filter(F.coalesce(sets, empty_map), lambda k, _v: k != KEY).alias("_sets_kept"),
+    )
+    value_doc, sets, sets_kept = F.col("_value_doc"), F.col("_sets"), F.col("_sets_kept")
+    unset_nulls = F.transform_values(unsets, lambda _k, _v: F.lit(None).cast("string"))
     identity = F.coalesce(where_doc, value_doc)
     id_only = F.map_filter(identity, lambda k, _v: k == KEY)
-    empty_map = F.create_map().cast("map<string,string>")
-    sets_kept = F.map_filter(F.coalesce(sets, empty_map), lambda k, _v: k != KEY)
     # map_concat fails on duplicate keys: $set wins over $unset of the same field, _id comes from where only.
     unsets_kept = F.map_filter(
         F.coalesce(unset_nulls, empty_map), lambda k, _v: (k != KEY) & ~F.map_contains_key(sets_kept, k)

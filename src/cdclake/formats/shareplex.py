@@ -74,13 +74,22 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     meta = m["meta"]
     vendor_op = meta["op"]
     op = F.coalesce(op_from_code(vendor_op, OPERATIONS), F.when(vendor_op.isNotNull(), F.lit(Op.OTHER.value)))
+    # Staged as columns, here and for the images below: the overlay's lambda reads `data` once per key, and each
+    # image occurs several times in _with_row_id; left as expressions, Spark would evaluate them again each time.
+    parsed = parsed.select(
+        "*",
+        op.alias("_op"),
+        exact_text_image(m["data"]).alias("_data"),
+        exact_text_image(m["key"]).alias("_key"),
+        F.nullif(meta["rowid"], F.lit("")).alias("_row_id"),
+    )
+    op, data, key, row_id = F.col("_op"), F.col("_data"), F.col("_key"), F.col("_row_id")
     is_row = op.isin(Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value)
-    data, key = exact_text_image(m["data"]), exact_text_image(m["key"])
-    row_id = F.nullif(meta["rowid"], F.lit(""))
 
     before = F.when(op == Op.DELETE.value, data).when(op == Op.UPDATE.value, key)
     after = F.when(op == Op.INSERT.value, data).when(op == Op.UPDATE.value, _overlay(key, data))
-    before, after = _with_row_id(before, row_id), _with_row_id(after, row_id)
+    parsed = parsed.select("*", before.alias("_before"), after.alias("_after"))
+    before, after = _with_row_id(F.col("_before"), row_id), _with_row_id(F.col("_after"), row_id)
     names = F.array_distinct(
         F.concat(
             F.coalesce(F.map_keys(data), F.array().cast("array<string>")),
