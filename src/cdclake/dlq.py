@@ -345,8 +345,19 @@ def _messages(group: DataFrame) -> DataFrame:
 
 def _decode_failures(spark: SparkSession, settings: PipelineSettings, group: DataFrame) -> DataFrame:
     """(topic, partition, offset, reason) of the dead letters that still do not decode; nothing is written."""
-    decoded = Pipeline(spark, settings).decode(_messages(group))
+    decoded = _materialised(Pipeline(spark, settings).decode(_messages(group)))
     return decoded.where(F.col(model.ERROR).isNotNull()).groupBy(*IDENTITY).agg(F.min(model.ERROR).alias("reason"))
+
+
+def _materialised(decoded: DataFrame) -> DataFrame:
+    """Decoded events computed once, before they are filtered.
+
+    A filter on a decoder's output is pushed down through its projections with every column reference replaced by
+    its expression; for the Avro decoders (DTS, DRS) that inlining grows without bound and the optimizer runs out
+    of heap before any row is read (seen with ``error IS NOT NULL`` on 50 messages). The pipeline filters a local
+    checkpoint of the events for the same reason (``Pipeline._decoded``).
+    """
+    return decoded.localCheckpoint(eager=True)
 
 
 def _table_keys(
@@ -356,7 +367,7 @@ def _table_keys(
     none configured: the pipeline that dead-lettered them had its ``keys`` setting, which a replay must not lose
     (an update applied under another key would add a second row instead of replacing the first)."""
     keys = {name: list(columns) for name, columns in settings.keys.items()}
-    decoded = Pipeline(spark, settings).decode(messages)
+    decoded = _materialised(Pipeline(spark, settings).decode(messages))
     keyless = (
         decoded.where(
             F.col(model.ERROR).isNull()
