@@ -53,6 +53,7 @@ def lake(tmp_path: Path) -> str:
 # The longest test files first, so that pytest-xdist (`--dist loadfile`) does not end with one worker running a long
 # file while the other idles. Minutes on 2 cores, measured; files not listed keep their order after these.
 _LONG_FILES = (
+    "tests/e2e/test_stream_kill.py",
     "tests/e2e/test_stream.py",
     "tests/test_transactions.py",
     "tests/test_history.py",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
+from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
+from cdclake.devtools import broker
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
 
@@ -36,3 +39,24 @@ def assert_lake_equals_truth(lake: str, history: SourceHistory) -> None:
     results = compare_lake(lake, history.truth())
     assert all(r.ok for r in results), describe(results)
     assert sum(r.actual_rows for r in results) > 0
+
+
+def topic_with(bootstrap: str, messages: list[Message], partitions: int = 2) -> str:
+    """A new topic of the local broker holding ``messages``."""
+    name = f"dw-{uuid.uuid4().hex[:8]}"
+    broker.create_topics(bootstrap, {name: partitions})
+    if messages:
+        broker.produce(bootstrap, name, [(m.key, m.value) for m in messages])
+    return name
+
+
+def stream_config(bootstrap: str, topic: str, lake: str, checkpoint: str, per_trigger: int = 1000) -> PipelineConfig:
+    """A DataWorks `cdclake run` of ``topic`` until the messages present at start are applied (availableNow)."""
+    return PipelineConfig(
+        name="test",
+        lake=lake,
+        checkpoint=checkpoint,
+        kafka=KafkaConfig(bootstrap_servers=bootstrap, topics=[topic], max_offsets_per_trigger=per_trigger),
+        format="dataworks-json",
+        trigger=TriggerConfig(available_now=True),
+    )

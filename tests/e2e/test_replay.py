@@ -109,7 +109,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_replay_prints_counts_and_exits_zero(lake, tmp_path: Path) -> None:
-    history, messages = workload(seed=16, events=120)
+    history, messages = workload(seed=16, events=60)
     path = write_lines(tmp_path / "dw.jsonl", messages)
     history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
     done = _cli("replay", "--format", "auto", "--lake", lake, *history_flags, str(path))
