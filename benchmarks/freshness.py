@@ -91,7 +91,9 @@ def _event_times(spark: SparkSession, workload: Workload) -> list[int]:
     messages = message_frame(spark, workload.path)
     try:
         decoded = get_format(workload.spec.format).decode(messages, workload.format_options)
-        rows = decoded.select(model.OFFSET, (F.unix_micros(F.col(model.EVENT_TIME)) // 1000).alias("ms")).collect()
+        rows = decoded.select(
+            model.OFFSET, F.floor(F.unix_micros(F.col(model.EVENT_TIME)) / 1000).cast("bigint").alias("ms")
+        ).collect()
     finally:
         messages.unpersist()
     by_offset = sorted((row[model.OFFSET], row["ms"]) for row in rows)
