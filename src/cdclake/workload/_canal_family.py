@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, localcontext
 from typing import Any
 
-from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend, cut_short_message
 from cdclake.workload.history import Change, Column, ColumnKind, SourceHistory, TableSpec, datetime_to_ms
 from cdclake.workload.renderers import Message, RenderOptions, Truth
 
@@ -264,14 +264,8 @@ def add_malformed(
     """
     description = f"malformed: {kind}"
     if kind == "truncated json":
-        candidates = [m for m in stream.messages if m.value is not None and not m.is_malformed]
-        if candidates:
-            template = rng.choice(candidates)
-            assert template.value is not None
-            text = template.value.decode("utf-8")
-            value = text[: rng.randint(1, len(text) - 1)].encode("utf-8")
-        else:
-            value = b'{"data":[{"id":"1"'
+        cut = cut_short_message(stream, rng)
+        value = cut[1] if cut else b'{"data":[{"id":"1"'
         stream.insert(rng.choice(stream.boundaries), [Message(None, value, description)])
         return
     if kind != "not json":

@@ -18,7 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend
+from cdclake.workload._shaping import SCHEMA_CHANGES, StreamBuilder, add_resend, cut_short
 from cdclake.workload.history import Change, Column, SourceHistory, TableSpec
 from cdclake.workload.renderers import Message, RenderOptions, Truth
 
@@ -125,9 +125,7 @@ def truncated_json(rng: random.Random, template: Message) -> tuple[Message, bool
     """A message cut short (a producer killed mid-write): never valid JSON, still valid UTF-8."""
     if template.value is None:
         return None
-    text = template.value.decode("utf-8")
-    cut = text[: rng.randint(1, len(text) - 1)]
-    return Message(template.key, cut.encode("utf-8"), "malformed: truncated json"), False
+    return Message(template.key, cut_short(rng, template.value), "malformed: truncated json"), False
 
 
 def not_json(rng: random.Random, template: Message) -> tuple[Message, bool] | None:

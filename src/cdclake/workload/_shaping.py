@@ -87,6 +87,22 @@ def add_resend(stream: StreamBuilder, rng: random.Random) -> None:
         stream.insert(end, copies)
 
 
+def cut_short(rng: random.Random, value: bytes) -> bytes:
+    """``value`` cut at a random point (a producer killed mid-write): never valid JSON, still valid UTF-8."""
+    text = value.decode("utf-8")
+    return text[: rng.randint(1, len(text) - 1)].encode("utf-8")
+
+
+def cut_short_message(stream: StreamBuilder, rng: random.Random) -> tuple[Message, bytes] | None:
+    """A random well-formed message of the stream and its value :func:`cut_short`; None when there is none."""
+    candidates = [m for m in stream.messages if m.value is not None and not m.is_malformed]
+    if not candidates:
+        return None
+    template = rng.choice(candidates)
+    assert template.value is not None
+    return template, cut_short(rng, template.value)
+
+
 MalformedFactory = Callable[[int, random.Random], Message]
 """Builds the ``index``-th undecodable message (its description starts with ``malformed: ``)."""
 

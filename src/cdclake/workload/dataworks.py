@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups
+from cdclake.workload._shaping import StreamBuilder, add_resend, commit_groups, cut_short_message
 from cdclake.workload.history import (
     Change,
     ColumnKind,
@@ -431,12 +431,9 @@ def _add_malformed(stream: StreamBuilder, rng: random.Random, kind: str, used_se
         new = Message(template.key, dumps(value), f"malformed: {kind}")
         positions = [b for b in stream.boundaries if b > template_at]
     elif kind == "truncated json":
-        candidates = [m for m in stream.messages if m.value is not None and not m.is_malformed]
-        if candidates:
-            template = rng.choice(candidates)
-            assert template.value is not None
-            text = template.value.decode("utf-8")
-            new = Message(template.key, text[: rng.randint(1, len(text) - 1)].encode("utf-8"), f"malformed: {kind}")
+        cut = cut_short_message(stream, rng)
+        if cut:
+            new = Message(cut[0].key, cut[1], f"malformed: {kind}")
         else:
             new = Message(None, b'{"schema":{"dataColumn":[', f"malformed: {kind}")
         positions = stream.boundaries
