@@ -28,6 +28,28 @@ from tests.e2e.helpers import assert_lake_equals_truth, stream_config, topic_wit
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
+def _run_until(config: Path, progress_line: str, note: str) -> subprocess.Popen[str]:
+    """Starts `cdclake run config` in its own process group and returns once it has printed ``progress_line``
+    (the start of a batch's progress line on stderr), so the caller can kill it mid-stream."""
+    child = subprocess.Popen(
+        [str(Path(sys.executable).with_name("cdclake")), "run", str(config)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert child.stderr is not None
+    deadline = time.monotonic() + 300
+    seen = ""
+    while time.monotonic() < deadline:
+        line = child.stderr.readline()
+        seen += line
+        if line.startswith(progress_line) or (not line and child.poll() is not None):
+            break
+    assert progress_line in seen, f"{note}\n{seen[-3000:]}"
+    return child
+
+
 def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_path: Path) -> None:
     history, messages = workload(seed=23, events=150)
     topic = topic_with(kafka, messages)
@@ -45,23 +67,7 @@ def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_pa
             }
         )
     )
-    cdclake = str(Path(sys.executable).with_name("cdclake"))
-    child = subprocess.Popen(
-        [cdclake, "run", str(config)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert child.stderr is not None
-    deadline = time.monotonic() + 300
-    seen = ""
-    while time.monotonic() < deadline:
-        line = child.stderr.readline()
-        seen += line
-        if line.startswith("batch 1:") or (not line and child.poll() is not None):
-            break
-    assert "batch 1:" in seen, seen[-3000:]
+    child = _run_until(config, "batch 1:", "DataWorks, 2 partitions")
     time.sleep(1.5)  # lands somewhere inside the next batch's commits
     interrupted = child.poll() is None
     os.killpg(child.pid, signal.SIGKILL)
@@ -113,22 +119,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     )
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
-    child = subprocess.Popen(
-        [str(Path(sys.executable).with_name("cdclake")), "run", str(path)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert child.stderr is not None
-    deadline = time.monotonic() + 300
-    seen = ""
-    while time.monotonic() < deadline:
-        line = child.stderr.readline()
-        seen += line
-        if line.startswith("batch 0:") or (not line and child.poll() is not None):
-            break
-    assert "batch 0:" in seen, f"{note}\n{seen[-3000:]}"
+    child = _run_until(path, "batch 0:", note)
     time.sleep(kill_after)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait(timeout=60)
