@@ -13,7 +13,7 @@ import argparse
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
 from cdclake.pipeline import Pipeline, PipelineSettings
+from cdclake.sinks.delta import DeltaSink
 
 
 @contextmanager
@@ -43,7 +44,19 @@ def _nothing(_: Any) -> Iterator[None]:
     yield
 
 
+@contextmanager
+def _merge_settings_off(_: Any) -> Iterator[None]:
+    """MERGEs with the session's shuffle partitions and Delta's source materialisation (before DeltaSink.merging)."""
+    original = DeltaSink.merging
+    DeltaSink.merging = lambda self, tables, concurrency: nullcontext()  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeltaSink.merging = original  # type: ignore[method-assign]
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
+    "merge-settings-off": _merge_settings_off,
     "same": _nothing,
     "no-materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "none"}),
     "materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "auto"}),
@@ -56,6 +69,13 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "shuffle-2": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "2"}),
     "shuffle-8": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "8"}),
     "no-stats-collection": lambda spark: _conf(spark, {"spark.databricks.delta.stats.collect": "false"}),
+    "snapshot-partitions-1": lambda spark: _conf(spark, {"spark.databricks.delta.snapshotPartitions": "1"}),
+    "no-wholestage-codegen": lambda spark: _conf(spark, {"spark.sql.codegen.wholeStage": "false"}),
+    "no-checksum": lambda spark: _conf(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
+    "snapshot-1-no-checksum": lambda spark: _conf(
+        spark,
+        {"spark.databricks.delta.snapshotPartitions": "1", "spark.databricks.delta.writeChecksumFile.enabled": "false"},
+    ),
     "threads-1": _nothing,
     "threads-2": _nothing,
     "threads-8": _nothing,

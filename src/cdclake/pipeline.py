@@ -362,7 +362,10 @@ class Pipeline:
             changes = changes.where(keep)
         with result.timed("fold"):
             folded = self.sink.gate(apply.fold(changes), [p.table_id for p in plans])
-            folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
+            # A local checkpoint, not persist: Delta refuses to MERGE from a source it has not copied when the
+            # source plan holds cached data (a cache does not pin the tombstones' Delta version), and the copy is the
+            # cost DeltaSink.merging removes.
+            folded = folded.localCheckpoint(eager=True)
             stats = {
                 row[apply.TABLE_ID]: row
                 for row in folded.groupBy(apply.TABLE_ID)
@@ -372,29 +375,30 @@ class Pipeline:
                 )
                 .collect()
             }
-        try:
-            with result.timed("merge"):
-                for plan in truncated:
-                    self.sink.truncate(plan, txn)
-                merges = [p for p in plans if p.table_id in stats]
+        with result.timed("merge"):
+            for plan in truncated:
+                self.sink.truncate(plan, txn)
+            merges = [p for p in plans if p.table_id in stats]
 
-                def merge(plan: apply.TablePlan) -> None:
-                    table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
-                    self.sink.merge(plan, table_columns[plan.table_id], table_changes)
+            def merge(plan: apply.TablePlan) -> None:
+                table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
+                self.sink.merge(plan, table_columns[plan.table_id], table_changes)
 
-                # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
-                # commit I/O dominate small batches). They share the batch's idempotency marker.
-                with self.sink.idempotent(txn), ThreadPoolExecutor(max_workers=self.merge_threads) as pool:
-                    for future in [pool.submit(merge, plan) for plan in merges]:
-                        future.result()
-            for plan in plans:
-                path = self.sink.table_path(plan.database, plan.schema, plan.table)
-                result.applied[path] = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
-            if truncated or any(row["deletes"] for row in stats.values()):
-                with result.timed("tombstones"):
-                    self.sink.record_tombstones(folded, truncated, txn)
-        finally:
-            folded.unpersist()
+            # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
+            # commit I/O dominate small batches). They share the batch's idempotency marker.
+            with (
+                self.sink.idempotent(txn),
+                self.sink.merging(len(merges), self.merge_threads),
+                ThreadPoolExecutor(max_workers=self.merge_threads) as pool,
+            ):
+                for future in [pool.submit(merge, plan) for plan in merges]:
+                    future.result()
+        for plan in plans:
+            path = self.sink.table_path(plan.database, plan.schema, plan.table)
+            result.applied[path] = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
+        if truncated or any(row["deletes"] for row in stats.values()):
+            with result.timed("tombstones"):
+                self.sink.record_tombstones(folded, truncated, txn)
 
     def _history(
         self,

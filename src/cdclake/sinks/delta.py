@@ -309,6 +309,36 @@ class DeltaSink:
         with self.idempotent(marker):
             DeltaTable.forPath(self.spark, path).delete(F.col(POSITION_COLUMN) < F.lit(plan.truncate_order))
 
+    @contextmanager
+    def merging(self, tables: int, concurrency: int) -> Iterator[None]:
+        """Session settings for one batch's MERGEs of ``tables`` tables, ``concurrency`` at a time; restored after.
+
+        * Shuffle partitions are divided among the concurrent MERGEs: each MERGE's join and file writes use
+          ``partitions // min(tables, concurrency)`` (at least 1), so many small tables at once do not each pay for
+          as many tasks, and write as many files, as the cores can run (the cores are busy with the other MERGEs),
+          while a batch of one table keeps them all.
+        * No source materialisation: Delta copies a MERGE source it cannot prove deterministic before its two passes
+          over it. The pipeline's sources are already persisted, and rebuilt deterministically from a local
+          checkpoint if a block is lost, so the copy is pure cost (a Spark job per table).
+        """
+        conf = self.spark.conf
+        partitions = int(conf.get("spark.sql.shuffle.partitions") or "200")
+        settings = {
+            "spark.sql.shuffle.partitions": str(max(1, partitions // max(1, min(tables, concurrency)))),
+            "spark.databricks.delta.merge.materializeSource": "none",
+        }
+        previous = {key: conf.get(key, None) for key in settings}
+        for key, value in settings.items():
+            conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, value)
+
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order.
 
@@ -328,7 +358,9 @@ class DeltaSink:
         for index, (name, spark_type) in enumerate(table_columns):
             source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
             source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
-        source = changes.select(*source_columns)
+        # No more partitions (so files, when the target has none to rewrite) than merging() grants each MERGE.
+        partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or "200")
+        source = changes.coalesce(partitions).select(*source_columns)
         index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
         missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
         if missing_keys:

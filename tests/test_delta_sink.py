@@ -1,0 +1,55 @@
+"""How a batch's MERGEs use the session (DeltaSink.merging), read back from what Delta recorded in each table's log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdclake.runner import replay
+from tests.test_ddl import row_message
+
+pytestmark = pytest.mark.spark
+
+TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
+
+
+def _last_merge_metrics(table: Path) -> dict[str, str]:
+    commits = sorted((table / "_delta_log").glob("*.json"))
+    for commit in reversed(commits):
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info["operation"] == "MERGE":
+                return dict(info["operationMetrics"])
+    raise AssertionError(f"no MERGE commit in {table}")
+
+
+def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[no-untyped-def]
+    rows = [{"id": str(i), "v": f"v{i}"} for i in range(40)]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(row_message("INSERT", t, rows, TYPES) + "\n" for t in tables), encoding="utf-8")
+    lake = tmp_path / "lake"
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)])
+    return lake
+
+
+def test_merges_of_many_tables_share_the_shuffle_partitions(spark, tmp_path: Path) -> None:
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    assert int(partitions) >= 2, "the test session must have partitions to share"
+    lake = _replay(spark, tmp_path, ["a", "b", "c"])
+    for table in "abc":
+        metrics = _last_merge_metrics(lake / "crm" / table)
+        assert metrics["numTargetRowsInserted"] == "40"
+        # 3 concurrent MERGEs on 2 partitions: one partition, so one file, each.
+        assert metrics["numTargetFilesAdded"] == "1", metrics
+    # The session is as it was.
+    assert spark.conf.get("spark.sql.shuffle.partitions") == partitions
+    assert spark.conf.get("spark.databricks.delta.merge.materializeSource", None) in (None, "auto")
+
+
+def test_the_merge_of_a_single_table_keeps_every_partition(spark, tmp_path: Path) -> None:
+    lake = _replay(spark, tmp_path, ["only"])
+    metrics = _last_merge_metrics(lake / "crm" / "only")
+    assert metrics["numTargetRowsInserted"] == "40"
+    assert metrics["numTargetFilesAdded"] == spark.conf.get("spark.sql.shuffle.partitions"), metrics
