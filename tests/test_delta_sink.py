@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from delta.tables import DeltaTable
 
+from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from tests.test_ddl import row_message
 
@@ -53,3 +55,29 @@ def test_the_merge_of_a_single_table_keeps_every_partition(spark, tmp_path: Path
     metrics = _last_merge_metrics(lake / "crm" / "only")
     assert metrics["numTargetRowsInserted"] == "40"
     assert metrics["numTargetFilesAdded"] == spark.conf.get("spark.sql.shuffle.partitions"), metrics
+
+
+def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> None:
+    # One message per batch: each batch's MERGE adds a file. Compaction starts at 4 small files here (50 by default).
+    messages = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"}], TYPES) for i in range(8)]
+    messages.append(row_message("DELETE", "t", [{"id": "0", "v": "v0"}], TYPES))
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
+    lake = tmp_path / "lake"
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    try:
+        replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)], batch_lines=1)
+    finally:
+        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
+    table = DeltaTable.forPath(spark, str(lake / "crm" / "t"))
+    operations = [row["operation"] for row in table.history().collect()]
+    assert operations.count("MERGE") == len(messages)
+    assert "OPTIMIZE" in operations
+    assert len(table.toDF().inputFiles()) < 4
+    assert sorted(read_table(str(lake / "crm" / "t")), key=lambda r: r["id"]) == [
+        {"id": i, "v": f"v{i}"} for i in range(1, 8)
+    ]
+    # Every table cdclake creates carries the policy, bookkeeping tables too.
+    for path in (lake / "crm" / "t", lake / "_cdclake" / "progress", lake / "_cdclake" / "tombstones"):
+        properties = DeltaTable.forPath(spark, str(path)).detail().first()["properties"]  # type: ignore[index]
+        assert properties.get("delta.autoOptimize.autoCompact") == "true", path

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaTable, DeltaTableBuilder
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -43,6 +43,22 @@ METADATA_COLUMNS: Final = (
     (EVENT_TIME_COLUMN, "timestamp"),
     (OP_COLUMN, "string"),
 )
+
+TABLE_PROPERTIES: Final = {
+    # The compaction policy. Every micro-batch adds small files (a MERGE rewrites only the files it touches, an append
+    # adds one per task), and every later MERGE or read pays for each file. Delta's auto compaction bin-packs a
+    # table's small files right after the commit that brings them to 50 (spark.databricks.delta.autoCompact.*).
+    "delta.autoOptimize.autoCompact": "true",
+}
+"""Properties of every table cdclake creates (lake tables, history tables, bookkeeping tables)."""
+
+
+def with_table_properties(builder: DeltaTableBuilder) -> DeltaTableBuilder:
+    """``builder`` with :data:`TABLE_PROPERTIES`."""
+    for name, value in TABLE_PROPERTIES.items():
+        builder = builder.property(name, value)
+    return builder
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -125,7 +141,7 @@ class DeltaSink:
 
     def append(self, name: str, rows: DataFrame, txn: Txn | None) -> None:
         """Appends to a bookkeeping table under ``_cdclake`` (created on first use), once per ``txn``."""
-        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true")
+        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
         if txn is not None:
             writer = writer.option("txnAppId", f"{txn.app_id}").option("txnVersion", txn.version)
         writer.save(self.system_path(name))
@@ -152,6 +168,7 @@ class DeltaSink:
             .mode("overwrite")
             .option("replaceWhere", condition)
             .option("mergeSchema", "true")
+            .options(**TABLE_PROPERTIES)
             .partitionBy(column)
         )
         if txn is not None:
@@ -173,7 +190,7 @@ class DeltaSink:
         if not self._exists(path):
             fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
             fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
-            (
+            with_table_properties(
                 DeltaTable.createIfNotExists(self.spark)
                 .location(path)
                 .addColumns(StructType(fields))
@@ -181,8 +198,7 @@ class DeltaSink:
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
                 # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
                 .property("delta.dataSkippingStatsColumns", ",".join(self._stats_columns(plan)))
-                .execute()
-            )
+            ).execute()
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}
         missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
@@ -327,17 +343,17 @@ class DeltaSink:
             "spark.sql.shuffle.partitions": str(max(1, partitions // max(1, min(tables, concurrency)))),
             "spark.databricks.delta.merge.materializeSource": "none",
         }
-        previous = {key: conf.get(key, None) for key in settings}
+        previous: dict[str, str | None] = {key: conf.get(key, None) for key in settings}
         for key, value in settings.items():
             conf.set(key, value)
         try:
             yield
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, before in previous.items():
+                if before is None:
                     conf.unset(key)
                 else:
-                    conf.set(key, value)
+                    conf.set(key, before)
 
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order.

@@ -52,7 +52,15 @@ from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.model import Op
-from cdclake.sinks.delta import EVENT_TIME_COLUMN, OP_COLUMN, POSITION_COLUMN, DeltaSink, Txn, quote
+from cdclake.sinks.delta import (
+    EVENT_TIME_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    DeltaSink,
+    Txn,
+    quote,
+    with_table_properties,
+)
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +313,7 @@ class HistorySink:
             types = {name.lower(): spark_type for name, spark_type in item.columns}
             # Delta keeps no min/max statistics for binary or boolean columns.
             keys = [k for k in plan.key_columns if types.get(k.lower()) not in (None, "binary", "boolean")]
-            (
+            with_table_properties(
                 DeltaTable.createIfNotExists(self.spark)
                 .location(path)
                 .addColumns(wanted)
@@ -313,8 +321,7 @@ class HistorySink:
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
                 # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
                 .property("delta.dataSkippingStatsColumns", ",".join([*map(quote, keys), *stats]))
-                .execute()
-            )
+            ).execute()
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         missing = _missing(schema, wanted)
         if missing:
