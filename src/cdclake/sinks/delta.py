@@ -334,8 +334,9 @@ class DeltaSink:
           as many tasks, and write as many files, as the cores can run (the cores are busy with the other MERGEs),
           while a batch of one table keeps them all.
         * No source materialisation: Delta copies a MERGE source it cannot prove deterministic before its two passes
-          over it. The pipeline's sources are already persisted, and rebuilt deterministically from a local
-          checkpoint if a block is lost, so the copy is pure cost (a Spark job per table).
+          over it. The pipeline's MERGE sources are local checkpoints, computed once and never recomputed (a lost
+          block fails the batch, which is then re-run), so the copy is pure cost: a Spark job per table. Delta
+          refuses an uncopied source whose plan holds cached data, so a source must be checkpointed, not persisted.
         """
         conf = self.spark.conf
         partitions = int(conf.get("spark.sql.shuffle.partitions") or "200")
