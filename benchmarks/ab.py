@@ -22,21 +22,7 @@ from pyspark.sql import functions as F
 from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.sinks.delta import DeltaSink
-
-
-@contextmanager
-def _conf(spark: Any, settings: dict[str, str]) -> Iterator[None]:
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+from cdclake.spark import session_settings
 
 
 @contextmanager
@@ -58,21 +44,25 @@ def _merge_settings_off(_: Any) -> Iterator[None]:
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "merge-settings-off": _merge_settings_off,
     "same": _nothing,
-    "no-materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "none"}),
-    "materialize-source": lambda spark: _conf(spark, {"spark.databricks.delta.merge.materializeSource": "auto"}),
-    "deletion-vectors": lambda spark: _conf(
+    "no-materialize-source": lambda spark: session_settings(
+        spark, {"spark.databricks.delta.merge.materializeSource": "none"}
+    ),
+    "materialize-source": lambda spark: session_settings(
+        spark, {"spark.databricks.delta.merge.materializeSource": "auto"}
+    ),
+    "deletion-vectors": lambda spark: session_settings(
         spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
     ),
-    "no-deletion-vectors": lambda spark: _conf(
+    "no-deletion-vectors": lambda spark: session_settings(
         spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "false"}
     ),
-    "shuffle-2": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "2"}),
-    "shuffle-8": lambda spark: _conf(spark, {"spark.sql.shuffle.partitions": "8"}),
-    "no-stats-collection": lambda spark: _conf(spark, {"spark.databricks.delta.stats.collect": "false"}),
-    "snapshot-partitions-1": lambda spark: _conf(spark, {"spark.databricks.delta.snapshotPartitions": "1"}),
-    "no-wholestage-codegen": lambda spark: _conf(spark, {"spark.sql.codegen.wholeStage": "false"}),
-    "no-checksum": lambda spark: _conf(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
-    "snapshot-1-no-checksum": lambda spark: _conf(
+    "shuffle-2": lambda spark: session_settings(spark, {"spark.sql.shuffle.partitions": "2"}),
+    "shuffle-8": lambda spark: session_settings(spark, {"spark.sql.shuffle.partitions": "8"}),
+    "no-stats-collection": lambda spark: session_settings(spark, {"spark.databricks.delta.stats.collect": "false"}),
+    "snapshot-partitions-1": lambda spark: session_settings(spark, {"spark.databricks.delta.snapshotPartitions": "1"}),
+    "no-wholestage-codegen": lambda spark: session_settings(spark, {"spark.sql.codegen.wholeStage": "false"}),
+    "no-checksum": lambda spark: session_settings(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
+    "snapshot-1-no-checksum": lambda spark: session_settings(
         spark,
         {"spark.databricks.delta.snapshotPartitions": "1", "spark.databricks.delta.writeChecksumFile.enabled": "false"},
     ),

@@ -31,6 +31,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
+from cdclake.spark import session_settings
 
 POSITION_COLUMN: Final = "_cdc_position"
 """Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
@@ -338,23 +339,18 @@ class DeltaSink:
           block fails the batch, which is then re-run), so the copy is pure cost: a Spark job per table. Delta
           refuses an uncopied source whose plan holds cached data, so a source must be checkpointed, not persisted.
         """
-        conf = self.spark.conf
-        partitions = int(conf.get("spark.sql.shuffle.partitions") or "200")
-        settings = {
-            "spark.sql.shuffle.partitions": str(max(1, partitions // max(1, min(tables, concurrency)))),
-            "spark.databricks.delta.merge.materializeSource": "none",
-        }
-        previous: dict[str, str | None] = {key: conf.get(key, None) for key in settings}
-        for key, value in settings.items():
-            conf.set(key, value)
-        try:
+        share = max(1, self._shuffle_partitions() // max(1, min(tables, concurrency)))
+        with session_settings(
+            self.spark,
+            {
+                "spark.sql.shuffle.partitions": str(share),
+                "spark.databricks.delta.merge.materializeSource": "none",
+            },
+        ):
             yield
-        finally:
-            for key, before in previous.items():
-                if before is None:
-                    conf.unset(key)
-                else:
-                    conf.set(key, before)
+
+    def _shuffle_partitions(self) -> int:
+        return int(self.spark.conf.get("spark.sql.shuffle.partitions") or "200")
 
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One MERGE of the folded, gated changes of one table, guarded by each row's recorded order.
@@ -376,8 +372,7 @@ class DeltaSink:
             source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
             source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
         # No more partitions (so files, when the target has none to rewrite) than merging() grants each MERGE.
-        partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or "200")
-        source = changes.coalesce(partitions).select(*source_columns)
+        source = changes.coalesce(self._shuffle_partitions()).select(*source_columns)
         index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
         missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
         if missing_keys:

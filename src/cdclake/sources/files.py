@@ -7,8 +7,8 @@ file (Spark splits and re-orders large files otherwise); decoding is parallel ag
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,27 +17,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake.exceptions import InputError
+from cdclake.spark import session_settings
 
 InputEncoding = Literal["lines", "b64"]
 LINES_PER_FILE_LIMIT = 2**40
 
 
-@contextmanager
-def _whole_file_partitions(spark: SparkSession) -> Iterator[None]:
+def _whole_file_partitions(spark: SparkSession) -> AbstractContextManager[None]:
     # Spark's split size is min(maxPartitionBytes, max(openCostInBytes, bytes per core)): both must be huge for a
     # file to stay one partition.
     keys = ("spark.sql.files.maxPartitionBytes", "spark.sql.files.openCostInBytes")
-    previous = {key: spark.conf.get(key, None) for key in keys}
-    for key in keys:
-        spark.conf.set(key, str(2**40))
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+    return session_settings(spark, dict.fromkeys(keys, str(2**40)))
 
 
 def check_files(paths: Sequence[str]) -> list[Path]:
