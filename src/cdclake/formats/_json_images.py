@@ -425,7 +425,7 @@ def fields_errors(is_row: Column) -> list[tuple[Column, str | Column]]:
     """Per-message errors about the staged images (see :func:`image_stages`)."""
     fields = F.col("_fields")
     unknown = F.filter(fields, lambda f: spark_type(f).isNull())
-    names = F.transform(fields, lambda f: f["field"])
+    names = fields["field"]
     return [
         (is_row & (F.size(F.array_distinct(names)) < F.size(names)), "the value schema declares a column twice"),
         (

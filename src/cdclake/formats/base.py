@@ -209,6 +209,33 @@ def _bad_column_name(name: Column) -> Column:
     )
 
 
+_NAME_SEPARATOR: Final = "\n"
+"""Joins a row's column names into one string for the lambda-free checks; a bad character in a name itself."""
+
+_MAYBE_BAD_NAMES: Final = (
+    r"(?:^|\n)(?:\n|$)"  # an empty name
+    r"|[\x00-\x09\x0b-\x1f\x7f ,;{}()=]"  # a bad character other than the separator
+    rf"|[^\n]{{{MAX_IDENTIFIER_LENGTH + 1},}}"  # too long (UTF-16 units >= characters: never misses one)
+    rf"|(?:^|\n)(?!{model.ROW_ID_COLUMN}(?:\n|$))(?i:{model.METADATA_PREFIX})"  # the reserved prefix
+)
+
+
+def _names_may_be_bad(names: Column) -> Column:
+    """False only if every name in ``names`` (not null) passes :func:`_bad_column_name`; true when one may fail.
+
+    One regular expression over the joined names instead of a lambda per name: Spark evaluates lambdas without code
+    generation, element by element, and this runs for every row event. A name holding the separator is caught by
+    counting separators; a name that only looks bad here is judged exactly by the caller.
+    """
+    joined = F.array_join(names, _NAME_SEPARATOR)
+    separators = F.length(joined) - F.length(F.replace(joined, F.lit(_NAME_SEPARATOR), F.lit("")))
+    return (F.size(names) > 0) & (
+        (F.size(F.array_compact(names)) < F.size(names))
+        | (separators != F.size(names) - 1)
+        | joined.rlike(_MAYBE_BAD_NAMES)
+    )
+
+
 # Columns that _stage_checks adds and _checks reads.
 _IS_ROW_OP: Final = "_chk_is_row_op"
 _NAMES: Final = "_chk_names"
@@ -237,7 +264,7 @@ def _stage_checks(df: DataFrame) -> DataFrame:
     """
     op, columns = F.col(model.OP), F.col(model.COLUMNS)
     is_row_op = op.isin(*(o.value for o in model.ROW_OPS))
-    names = F.when(is_row_op, F.transform(columns, lambda c: c["name"]))
+    names = F.when(is_row_op, columns["name"])
     first = df.select(
         "*",
         F.coalesce(is_row_op, F.lit(False)).alias(_IS_ROW_OP),
@@ -247,7 +274,8 @@ def _stage_checks(df: DataFrame) -> DataFrame:
     row, declared = F.col(_IS_ROW_OP), F.col(_DECLARED)
 
     def undeclared(image: Column) -> Column:
-        return F.when(row, F.filter(F.map_keys(image), lambda k: ~F.array_contains(declared, k)))
+        # array_except keeps the image's order (the first one is reported) and is generated code, not a lambda.
+        return F.when(row, F.array_except(F.map_keys(image), declared))
 
     def invalid(image: Column) -> Column:
         # Only whether there is one (stops at the first): which one, for the message, is worked out again for the
@@ -259,7 +287,9 @@ def _stage_checks(df: DataFrame) -> DataFrame:
 
     return first.select(
         "*",
-        F.filter(F.col(_NAMES), _bad_column_name).alias(_BAD_NAMES),
+        F.when(_names_may_be_bad(declared), F.filter(F.col(_NAMES), _bad_column_name))
+        .otherwise(F.when(row, F.array().cast("array<string>")))
+        .alias(_BAD_NAMES),
         undeclared(F.col(model.AFTER)).alias(_UNDECLARED_AFTER),
         undeclared(F.col(model.BEFORE)).alias(_UNDECLARED_BEFORE),
         invalid(F.col(model.AFTER)).alias(_INVALID_AFTER),
@@ -299,7 +329,12 @@ def _checks() -> Column:
             ),
         ),
         (
-            is_row_op & (F.size(F.array_distinct(F.transform(column_names, F.lower))) < F.size(column_names)),
+            # The names passed the check above, so none holds the separator: lower-case them all at once.
+            is_row_op
+            & (
+                F.size(F.array_distinct(F.split(F.lower(F.array_join(column_names, _NAME_SEPARATOR)), _NAME_SEPARATOR)))
+                < F.size(column_names)
+            ),
             F.lit("duplicate column names (names are compared case-insensitively)"),
         ),
         (
@@ -315,8 +350,7 @@ def _checks() -> Column:
         (is_row_op & F.col(_INVALID_AFTER), first_invalid(F.col(model.AFTER), "after")),
         (is_row_op & F.col(_INVALID_BEFORE), first_invalid(F.col(model.BEFORE), "before")),
         (
-            is_row_op
-            & F.exists(F.coalesce(F.col(model.KEY_COLUMNS), F.array()), lambda k: ~F.array_contains(declared, k)),
+            is_row_op & (F.size(F.array_except(F.coalesce(F.col(model.KEY_COLUMNS), F.array()), declared)) > 0),
             F.lit("a key column is not among the declared columns"),
         ),
         ((op == Op.INSERT) & F.col(model.AFTER).isNull(), F.lit("INSERT without an after image")),

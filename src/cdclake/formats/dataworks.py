@@ -111,7 +111,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     vendor_op = payload["op"]
     op = op_from_code(vendor_op, OPERATIONS)
     data_columns = F.coalesce(schema["dataColumn"], F.array().cast("array<struct<name:string,type:string>>"))
-    names = F.transform(data_columns, lambda c: c["name"])
+    names = data_columns["name"]
     unique_names = F.size(F.array_distinct(names)) == F.size(names)
     # No map for a null name (map_from_entries would throw): such a message is a dead letter of the shared checks.
     types = F.when(
@@ -134,7 +134,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     data_columns, types, op = F.col("_data_columns"), F.col("_types"), F.col("_op")
     is_oracle, has_row_id = F.col("_is_oracle"), F.col("_has_row_id")
-    names = F.transform(data_columns, lambda c: c["name"])
+    names = data_columns["name"]
     unique_names = F.size(F.array_distinct(names)) == F.size(names)
     key_columns = F.when(has_row_id, F.array(F.lit(model.ROW_ID_COLUMN))).otherwise(primary_key)
     columns = F.transform(

@@ -442,7 +442,7 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     before = with_row_id(texts(F.col("_before_pairs")), is_hbase)
     # lindorm-debezium.md "Column deletion": a column missing from `after` (present in `before`, or declared by the
     # schema) was deleted: `after` is a full image, and the missing columns are written as NULL explicitly.
-    declared = F.transform(F.col("_fields"), lambda f: f["field"])  # ROW_ID_COLUMN is always in `after`
+    declared = F.col("_fields")["field"]  # ROW_ID_COLUMN is always in `after`
     missing = F.filter(declared, lambda n: ~F.map_contains_key(after, n))
     full_after = F.map_concat(
         after, F.map_from_arrays(missing, F.transform(missing, lambda _n: F.lit(None).cast("string")))

@@ -205,7 +205,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(decoded_ok, F.timestamp_millis(r["updateTimestamp"])).alias(model.EVENT_TIME),
         F.when(op == Op.DDL.value, av.character(F.get(ddl_text, 0)["member1"])["text"]).alias(model.DDL),
     )
-    names = F.transform(fields, lambda f: f["name"])
+    names = fields["name"]
 
     after_error = av.first_value_error(after, "afterImages")
     before_error = av.first_value_error(before, "beforeImages")

@@ -452,7 +452,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(decoded_ok & ~txid.isin("", "0"), txid).alias(model.TXN_ID),
         F.when(is_ddl, r["afterImages"]["member0"]).alias(model.DDL),
     )
-    names = F.transform(fields, lambda f: f["name"])
+    names = fields["name"]
 
     after_error = av.first_value_error(after, "afterImages")
     before_error = av.first_value_error(before, "beforeImages")

@@ -405,7 +405,7 @@ def typed_image(entries: Column, image: Column, columns: Column) -> Column:
     Columns the MD does not declare stay as they are (the shared checks report them). ``partial``: some MD column is
     missing or not captured. ``error``: the first value that cannot be held without loss.
     """
-    names = F.transform(columns, lambda c: c["name"])
+    names = columns["name"]
     kept = F.filter(entries, lambda e: e["kept"])
     typed = F.map_from_entries(F.transform(kept, lambda e: F.struct(e["name"], e["value"]["text"])))
     undeclared = F.map_filter(image, lambda k, _v: ~F.array_contains(names, k))
