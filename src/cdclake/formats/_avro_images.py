@@ -181,9 +181,13 @@ def image(aligned: Column, present: Column) -> Column:
 
 def first_value_error(aligned: Column, which: str) -> Column:
     """Text of the first value that failed to convert, else null."""
-    bad = F.filter(aligned, lambda e: e["value"]["error"].isNotNull())
+
+    def failed(e: Column) -> Column:
+        return e["value"]["error"].isNotNull()
+
+    bad = F.filter(aligned, failed)
     return F.when(
-        F.size(bad) > 0,
+        F.exists(aligned, failed),  # stops at the first failure; the array of failures is built for the message only
         F.format_string(f"{which} value of column %s: %s", F.get(bad, 0)["name"], F.get(bad, 0)["value"]["error"]),
     )
 

@@ -453,9 +453,13 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     )
     names = F.coalesce(F.map_keys(declared_types), F.array().cast("array<string>"))
     unknown_types = F.filter(names, lambda n: spark_types[n].isNull())
-    columns = F.transform(
-        names,
-        lambda n: F.struct(n.alias("name"), declared_types[n].alias("vendor_type"), spark_types[n].alias("spark_type")),
+    # The type maps share their keys, in the same order (spark_types is built with transform_values), so the columns
+    # are the maps zipped: no lambda, and no map lookup per name.
+    columns = F.coalesce(
+        F.arrays_zip(F.map_keys(declared_types), F.map_values(declared_types), F.map_values(spark_types)).cast(
+            f"array<{model.COLUMN_TYPE.simpleString()}>"
+        ),
+        F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>"),
     )
 
     def image(row: Column) -> Column:
@@ -533,7 +537,8 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
             f"row event without {'mysqlType' if dialect.types == 'mysql' else 'columnType/sqlType'}",
         ),
         (
-            is_row & (F.size(unknown_types) > 0),
+            # The type map has one entry per declared name: a null value is an unknown type (no lambda, no lookups).
+            is_row & (F.size(F.array_compact(F.map_values(spark_types))) < F.size(spark_types)),
             F.format_string(
                 f"unknown {type_name} type '%s' of column %s", vendor_types[unknown_types[0]], unknown_types[0]
             ),

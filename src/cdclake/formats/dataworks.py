@@ -182,7 +182,8 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
             F.format_string("payload.sequenceId '%s' is not a decimal number", sequence),
         ),
         (
-            is_row & F.exists(data_columns, lambda c: ~c["type"].isin(*SPARK_TYPES)),
+            is_row
+            & (F.size(F.array_except(F.array_compact(data_columns["type"]), F.array(*map(F.lit, SPARK_TYPES)))) > 0),
             F.format_string(
                 "unknown DataWorks column type '%s'",
                 F.filter(data_columns, lambda c: ~c["type"].isin(*SPARK_TYPES))[0]["type"],
