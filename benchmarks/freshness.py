@@ -32,7 +32,7 @@ from benchmarks.workload import Workload, WorkloadSpec, materialize, message_fra
 from cdclake import model
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
-from cdclake.formats import get_format
+from cdclake.formats import decode_batch, get_format
 from cdclake.runner import run
 from cdclake.sinks.delta import DeltaSink
 
@@ -90,7 +90,7 @@ def _event_times(spark: SparkSession, workload: Workload) -> list[int]:
     """Event time (epoch ms) of every message in file order, as the format decodes it."""
     messages = message_frame(spark, workload.path)
     try:
-        decoded = get_format(workload.spec.format).decode(messages, workload.format_options)
+        decoded = decode_batch(get_format(workload.spec.format), messages, workload.format_options)
         rows = decoded.select(
             model.OFFSET, F.floor(F.unix_micros(F.col(model.EVENT_TIME)) / 1000).cast("bigint").alias("ms")
         ).collect()

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
-from cdclake.formats import get_format
+from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
     METADATA_SCHEMA,
@@ -216,7 +216,7 @@ class Pipeline:
         fmt = get_format(name)
         options = self.settings.format_options.get(name, {})
         if fmt.metadata is None:
-            return fmt.decode(messages, options)
+            return decode_batch(fmt, messages, options)
         known = self._known_metadata(name, collect_metadata(fmt.metadata.extract(messages, options)), txn)
         return fmt.metadata.decode(messages, options, known)
 

@@ -7,7 +7,7 @@ from decimal import Decimal, localcontext
 
 import pytest
 
-from cdclake.formats import get_format
+from cdclake.formats import decode_batch, get_format
 from tests.conftest import SHARED
 from tests.formats.golden import read_jsonl
 
@@ -92,6 +92,8 @@ def test_unavailable_placeholder_is_configurable(spark) -> None:
         "op": "u",
     }
     frame = messages_frame(spark, [{"key": None, "value": value}])
-    (row,) = canonical_rows(get_format("debezium-json").decode(frame, {"unavailable_value_placeholder": "<n/a>"}))
+    (row,) = canonical_rows(
+        decode_batch(get_format("debezium-json"), frame, {"unavailable_value_placeholder": "<n/a>"})
+    )
     assert row["after"] == {"id": "1", "title": "t"}
     assert row["after_is_partial"] is True

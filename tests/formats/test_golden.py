@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdclake.formats import get_format, list_formats
+from cdclake.formats import decode_batch, get_format, list_formats
 from tests.formats.golden import CASES, canonical_rows, messages_frame, read_jsonl, scenarios
 
 CASE_IDS = [(fmt.name, scenario) for fmt in list_formats() for scenario in scenarios(fmt.name)]
@@ -15,7 +15,7 @@ CASE_IDS = [(fmt.name, scenario) for fmt in list_formats() for scenario in scena
 def test_golden(spark, format_name: str, scenario: str) -> None:
     lines = read_jsonl(CASES / format_name / f"{scenario}.input.jsonl")
     expected = read_jsonl(CASES / format_name / f"{scenario}.expected.jsonl")
-    actual = canonical_rows(get_format(format_name).decode(messages_frame(spark, lines), {}))
+    actual = canonical_rows(decode_batch(get_format(format_name), messages_frame(spark, lines), {}))
     assert len(actual) == len(expected)
     line_index = -1  # a message may decode into several events (Canal `data` arrays): sub_index 0 starts one
     for want, have in zip(expected, actual, strict=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdclake.formats import list_formats
+from cdclake.formats import decode_batch, list_formats
 from tests.conftest import SHARED
 from tests.formats.golden import messages_frame, read_jsonl
 
@@ -25,7 +25,7 @@ def test_every_format_claims_its_examples() -> None:
 @pytest.mark.parametrize(("fmt", "file_name"), CLAIMED, ids=[f"{f.name}/{n}" for f, n in CLAIMED])
 def test_every_shared_example_decodes(spark, fmt, file_name: str) -> None:
     lines = read_jsonl(EXAMPLES / file_name)
-    decoded = fmt.decode(messages_frame(spark, lines), {}).orderBy("offset", "sub_index").collect()
+    decoded = decode_batch(fmt, messages_frame(spark, lines), {}).orderBy("offset", "sub_index").collect()
     assert {event["offset"] for event in decoded} == set(range(len(lines)))  # every message yields events
     for event in decoded:
         line = lines[event["offset"]]

@@ -144,6 +144,8 @@ class CdcFormat:
         examples: file names in ``shared/formats/examples`` whose messages are in this format (tests decode them).
         metadata: for formats whose data messages need table definitions sent in other messages (Qlik MD); None
             for self-describing formats.
+        batch_step: decoded events of one batch -> events, for a rule that needs the whole batch (typing JSON nulls
+            from other messages); :func:`decode_batch` runs it. None for formats whose events are final per message.
     """
 
     name: str
@@ -155,6 +157,13 @@ class CdcFormat:
     sniff: Callable[[Any], bool] | None = None
     examples: tuple[str, ...] = ()
     metadata: MetadataSupport | None = None
+    batch_step: Callable[[DataFrame], DataFrame] | None = None
+
+
+def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) -> DataFrame:
+    """A batch of ``fmt`` messages -> its canonical events: ``fmt.decode``, then the format's batch step if any."""
+    decoded = fmt.decode(messages, options)
+    return decoded if fmt.batch_step is None else fmt.batch_step(decoded)
 
 
 def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:

@@ -13,7 +13,7 @@ Choices where the specs are silent (documented here once):
   (JSON text). Logical types (Decimal bytes, epoch days...) cannot be recognised without the schema: such values
   arrive as what their JSON kind says. A JSON null says nothing about the type: it takes the type the column has
   in the table's other messages of the batch; a column NULL in all of them is left out of the images
-  (``_json_images.type_nulls_from_batch``; a column NULL in a changed-only image without a before value stays
+  (``_json_images.type_nulls_in_batch``; a column NULL in a changed-only image without a before value stays
   ``string``).
 * Times of day (``io.debezium.time.Time/MicroTime/NanoTime``, Connect ``Time``) have no canonical Spark type: they
   become ``string`` ``[-]HH:mm:ss.ffffff`` (MySQL TIME may be negative or exceed 24 hours).
@@ -52,7 +52,7 @@ from cdclake.formats._json_images import (
     inferred_fields,
     schema_fields,
     texts,
-    type_nulls_from_batch,
+    type_nulls_in_batch,
 )
 from cdclake.formats.base import (
     MESSAGE_KEY,
@@ -255,11 +255,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     unavailable = (placeholder, base64.b64encode(placeholder.encode()).decode())
     m, p = F.col("_m"), F.col("_p")
     source = p["source"]
-    staged = type_nulls_from_batch(
-        image_stages(parse(messages), p, declared_or_inferred_fields(), unavailable),
-        F.concat_ws(".", F.coalesce(p["databaseName"], source["db"]), source["schema"], source["table"]),
-        changed_only=F.col("_partial"),
-    )
+    staged = image_stages(parse(messages), p, declared_or_inferred_fields(), unavailable)
     staged = staged.select("*", debezium_position(source).alias("_position"))
     tombstone = F.col(MESSAGE_VALUE).isNull()
     is_data = p["op"].isNotNull()
@@ -365,6 +361,7 @@ FORMAT: Final = register(
         description="Debezium JSON change events (with or without the Connect schema), transaction, heartbeat "
         "and schema-change topics, tombstones",
         decode=decode,
+        batch_step=lambda events: type_nulls_in_batch(events, changed_only=F.col(model.AFTER_IS_PARTIAL)),
         operations=OPERATIONS,
         options={
             "unavailable_value_placeholder": f"the connector's unavailable.value.placeholder (default {PLACEHOLDER})"
@@ -430,11 +427,7 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     fields = F.when(is_hbase, _hbase_fields(p["before"], p["after"])).otherwise(declared_or_inferred_fields())
     m, source = F.col("_m"), p["source"]
-    staged = type_nulls_from_batch(
-        image_stages(parsed, p, fields),
-        F.concat_ws(".", source["namespace"], source["table"]),
-        changed_only=F.lit(False),  # `after` is the whole row: a missing column is NULL
-    )
+    staged = image_stages(parsed, p, fields)
     vendor_op = p["op"]
     op = op_from_code(vendor_op, LINDORM_OPERATIONS)
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
@@ -490,6 +483,8 @@ LINDORM_FORMAT: Final = register(
         name=LINDORM_NAME,
         description="Alibaba Lindorm data subscription, Debezium format v2.0 (SQL and HBase tables)",
         decode=lindorm_decode,
+        # `after` is the whole row: a missing column is NULL.
+        batch_step=lambda events: type_nulls_in_batch(events, changed_only=F.lit(False)),
         operations=LINDORM_OPERATIONS,
         sniff=lindorm_sniff,
         examples=("lindorm-debezium.jsonl",),

@@ -13,7 +13,7 @@ Choices where the spec is silent:
   digits), strings -> ``string`` (DATETIME text, and BLOB base64 too: a binary column cannot be told from text
   without a catalog), booleans -> ``boolean``, SET arrays and JSON -> ``string`` holding JSON text.
 * A JSON null says nothing about the column's type: it takes the type the column has in the table's other messages
-  of the batch, and a column NULL in all of them is left out (``_json_images.type_nulls_from_batch``), so that a
+  of the batch, and a column NULL in all of them is left out (``_json_images.type_nulls_in_batch``), so that a
   NULL never makes a ``string`` lake column.
 * ``commit: true`` marks the last row of a transaction (spec section 1): the message yields its row event and a
   second event ``TXN_END`` (``sub_index`` 1, ``vendor_op`` ``commit``), unless the message cannot be decoded (one
@@ -37,7 +37,7 @@ from cdclake.formats._json_images import (
     image_stages,
     inferred_fields,
     texts,
-    type_nulls_from_batch,
+    type_nulls_in_batch,
 )
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
@@ -107,14 +107,10 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(vendor_op != "delete", F.col("_k")["data"]).alias("after"),
     )
     payload = F.struct(before.alias("before"), after.alias("after"))
-    staged = type_nulls_from_batch(
-        image_stages(
-            parsed.select("*", payload.alias("_p"), kinds.alias("_kinds")),
-            F.col("_p"),
-            inferred_fields(F.col("_p")["before"], F.col("_p")["after"], F.col("_kinds")),
-        ),
-        F.concat_ws(".", m["database"], m["table"]),
-        changed_only=F.lit(False),  # `data` is always the full row
+    staged = image_stages(
+        parsed.select("*", payload.alias("_p"), kinds.alias("_kinds")),
+        F.col("_p"),
+        inferred_fields(F.col("_p")["before"], F.col("_p")["after"], F.col("_kinds")),
     )
     position = _position(m["position"], m["xoffset"])
     is_ddl = op == Op.DDL.value
@@ -179,6 +175,8 @@ FORMAT: Final = register(
         name=NAME,
         description="Maxwell's daemon JSON (MySQL binlog): DML, bootstrap snapshot, DDL records, commit markers",
         decode=decode,
+        # `data` is always the full row.
+        batch_step=lambda events: type_nulls_in_batch(events, changed_only=F.lit(False)),
         operations=OPERATIONS,
         sniff=sniff,
         examples=("maxwell.jsonl",),

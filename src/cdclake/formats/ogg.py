@@ -19,7 +19,7 @@ Choices where the spec is silent:
 * A JSON null says nothing about the column's type: it takes the type the column has in the table's other messages
   of the batch. A column NULL in all of them is left out of the images where that changes nothing (inserts,
   deletes, and updates whose before image has it NULL too); an update to NULL from a value the message does not
-  show stays declared ``string`` (``_json_images.type_nulls_from_batch``).
+  show stays declared ``string`` (``_json_images.type_nulls_in_batch``).
 * ``table`` with three parts is ``catalog.schema.table`` (database, schema, table); with two, ``schema.table``,
   and the schema is also reported as the database (the lake path is ``<schema>/<table>`` either way).
 """
@@ -39,7 +39,7 @@ from cdclake.formats._json_images import (
     image_stages,
     inferred_fields,
     texts,
-    type_nulls_from_batch,
+    type_nulls_in_batch,
 )
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
@@ -116,14 +116,10 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     p = F.col("_p")
     vendor_op = m["op_type"]
     op = op_from_code(vendor_op, letters)
-    staged = type_nulls_from_batch(
-        image_stages(
-            staged.select("*", F.col("_k").alias("_kinds")),
-            p,
-            inferred_fields(p["before"], p["after"], F.col("_kinds")),
-        ),
-        m["table"],
-        changed_only=op == Op.UPDATE.value,  # every update is read as compressed (see the module doc)
+    staged = image_stages(
+        staged.select("*", F.col("_k").alias("_kinds")),
+        p,
+        inferred_fields(p["before"], p["after"], F.col("_kinds")),
     )
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
     parts = F.split(m["table"], r"\.")
@@ -194,6 +190,8 @@ FORMAT: Final = register(
         name=NAME,
         description="Oracle GoldenGate for Big Data JSON (operation-modeled), compressed updates, _isMissing flags",
         decode=decode,
+        # Every update is read as compressed (see the module doc).
+        batch_step=lambda events: type_nulls_in_batch(events, changed_only=F.col(model.OP) == Op.UPDATE.value),
         operations=OPERATIONS,
         options=OPTIONS,
         sniff=sniff,
