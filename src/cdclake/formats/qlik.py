@@ -49,6 +49,7 @@ Choices where the spec leaves room (documented for users):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -328,19 +329,12 @@ _DATETIME: Final = r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,6})(\
 _PLAIN_DECIMAL: Final = r"^[+-]?(\d*)(?:\.(\d*))?$"
 
 
-def canonical_value(text: Column, spark_type: Column) -> Column:
-    """``STRUCT<text, ok>``: Replicate's text of a value (qlik.md 5) as canonical text of the data-dependent
-    ``spark_type``; ``ok`` is false when the value cannot be held without loss (the message is a dead letter).
+def _binary_value(text: Column) -> tuple[Column, Column]:
+    """qlik.md 5: BYTES/BLOB travel as hex text; canonical binary text is base64."""
+    return F.when(text.rlike(_HEX), F.base64(F.unhex(text))), text.rlike(_HEX)
 
-    Other types keep the text; the shared checks of ``finish`` validate it against the declared type.
-    """
-    precision = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 1).cast("int")
-    scale = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 2).cast("int")
-    integer_digits = F.length(F.ltrim(F.regexp_extract(text, _PLAIN_DECIMAL, 1), F.lit("0")))
-    fraction_digits = F.length(F.rtrim(F.regexp_extract(text, _PLAIN_DECIMAL, 2), F.lit("0")))
-    decimal_fits = (
-        text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)$") & (integer_digits <= precision - scale) & (fraction_digits <= scale)
-    )
+
+def _datetime_value(text: Column) -> tuple[Column, Column]:
     is_datetime = text.rlike(_DATETIME)
     datetime_text = F.concat(
         F.regexp_extract(text, _DATETIME, 1),
@@ -350,20 +344,57 @@ def canonical_value(text: Column, spark_type: Column) -> Column:
     )
     # qlik.md 5: DATETIME may carry 7 fraction digits; Spark would silently drop the 7th, so it must be 0.
     datetime_exact = F.regexp_extract(text, _DATETIME, 4).rlike("^0*$")
+    return F.when(is_datetime, datetime_text).otherwise(text), ~is_datetime | datetime_exact
+
+
+def _decimal_fits(text: Column, precision: Column, scale: Column) -> Column:
+    integer_digits = F.length(F.ltrim(F.regexp_extract(text, _PLAIN_DECIMAL, 1), F.lit("0")))
+    fraction_digits = F.length(F.rtrim(F.regexp_extract(text, _PLAIN_DECIMAL, 2), F.lit("0")))
+    return (
+        text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)$") & (integer_digits <= precision - scale) & (fraction_digits <= scale)
+    )
+
+
+def canonical_value(text: Column, spark_type: Column) -> Column:
+    """``STRUCT<text, ok>``: Replicate's text of a value (qlik.md 5) as canonical text of the data-dependent
+    ``spark_type``; ``ok`` is false when the value cannot be held without loss (the message is a dead letter).
+
+    Other types keep the text; the shared checks of ``finish`` validate it against the declared type.
+    """
+    precision = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 1).cast("int")
+    scale = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 2).cast("int")
+    binary_text, binary_ok = _binary_value(text)
+    datetime_text, datetime_ok = _datetime_value(text)
     converted = (
         F.when(text.isNull(), text)
-        .when(spark_type == "binary", F.when(text.rlike(_HEX), F.base64(F.unhex(text))))
-        .when(spark_type == "timestamp_ntz", F.when(is_datetime, datetime_text).otherwise(text))
+        .when(spark_type == "binary", binary_text)
+        .when(spark_type == "timestamp_ntz", datetime_text)
         .otherwise(text)
     )
     ok = (
         F.when(text.isNull(), F.lit(True))
-        .when(spark_type == "binary", text.rlike(_HEX))
-        .when(spark_type == "timestamp_ntz", ~is_datetime | datetime_exact)
-        .when(spark_type.startswith("decimal("), decimal_fits)
+        .when(spark_type == "binary", binary_ok)
+        .when(spark_type == "timestamp_ntz", datetime_ok)
+        .when(spark_type.startswith("decimal("), _decimal_fits(text, precision, scale))
         .otherwise(F.lit(True))
     )
     return F.struct(converted.alias("text"), F.coalesce(ok, F.lit(False)).alias("ok"))
+
+
+def replicate_value(text: Column, spark_type: str) -> tuple[Column, Column | None]:
+    """:func:`canonical_value` for a ``spark_type`` known when the query is built (qlik-avro: one per data field):
+    (canonical text, fits without loss, or None when every text fits). Only that type's rule is built, so a table's
+    expressions stay small to build and to plan."""
+    decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    if spark_type == "binary":
+        converted, ok = _binary_value(text)
+    elif spark_type == "timestamp_ntz":
+        converted, ok = _datetime_value(text)
+    elif decimal is not None:
+        converted, ok = text, _decimal_fits(text, F.lit(int(decimal[1])), F.lit(int(decimal[2])))
+    else:
+        return text, None
+    return converted, text.isNull() | F.coalesce(ok, F.lit(False))
 
 
 def typed_image_entries(image: Column, columns: Column, mask: Column) -> Column:
@@ -433,13 +464,19 @@ def typed_image(entries: Column, image: Column, columns: Column) -> Column:
 # Shared header helpers
 
 
-def mask_bit(mask: Column, ordinal: Column) -> Column:
+def mask_bit(mask: Column, ordinal: Column | int) -> Column:
     """qlik.md 4: whether the bit of 1-based ``ordinal`` is set in the hex ``mask`` (first byte = ordinals 1-8,
-    least significant bit first). Bits beyond the mask's length are 0."""
-    index = ordinal - 1
-    byte_hex = F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2)
-    byte = F.conv(byte_hex, 16, 10).cast("int")
-    return F.coalesce(F.getbit(byte, (index % 8).cast("int")) == 1, F.lit(False))
+    least significant bit first). Bits beyond the mask's length are 0. A known ``ordinal`` (qlik-avro's data
+    fields) makes the byte's place and the bit constants."""
+    if isinstance(ordinal, int):
+        byte = F.conv(F.substring(mask, (ordinal - 1) // 8 * 2 + 1, 2), 16, 10).cast("int")
+        bit: Column = F.lit((ordinal - 1) % 8)
+    else:
+        index = ordinal - 1
+        byte_hex = F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2)
+        byte = F.conv(byte_hex, 16, 10).cast("int")
+        bit = (index % 8).cast("int")
+    return F.coalesce(F.getbit(byte, bit) == 1, F.lit(False))
 
 
 def _captured(image: Column, mask: Column) -> Column:

@@ -62,7 +62,6 @@ from cdclake.formats.qlik import (
     OPERATIONS,
     QlikColumn,
     QlikTable,
-    canonical_value,
     join_metadata,
     latest_versions,
     mask_bit,
@@ -70,6 +69,7 @@ from cdclake.formats.qlik import (
     md_problem,
     parse_definitions,
     position_and_time,
+    replicate_value,
 )
 from cdclake.model import Op
 
@@ -315,6 +315,14 @@ def _md_events(envelopes: DataFrame, tables: Sequence[QlikTable]) -> DataFrame:
     )
 
 
+# A value of a data field -> (canonical text, fits without loss, or None when every value fits).
+FieldConverter = Callable[[Column], tuple[Column, Column | None]]
+
+
+def _always_fits(convert: Converter) -> FieldConverter:
+    return lambda value: (convert(value), None)
+
+
 @dataclass(frozen=True)
 class _Field:
     """How one field of a data record becomes a column (qlik.md 4, 5)."""
@@ -323,20 +331,12 @@ class _Field:
     ordinal: int
     spark_type: str
     vendor_type: str
-    convert: Converter
-    fits: Callable[[Column], Column] | None = None
+    convert: FieldConverter
 
 
-def _replicate_text(spark_type: str) -> tuple[Converter, Converter]:
-    """(value -> canonical text, value -> fits without loss) for Replicate's text of a ``spark_type`` value."""
-
-    def as_text(value: Column) -> Column:
-        return canonical_value(value, F.lit(spark_type))["text"]
-
-    def fits(value: Column) -> Column:
-        return canonical_value(value, F.lit(spark_type))["ok"]
-
-    return as_text, fits
+def _replicate_text(spark_type: str) -> FieldConverter:
+    """Replicate's text of a ``spark_type`` value (qlik.md 5), with only that type's rule."""
+    return lambda value: replicate_value(value, spark_type)
 
 
 def _fields(schema_text: str, md: QlikTable | None) -> tuple[list[_Field], set[str]]:
@@ -346,14 +346,15 @@ def _fields(schema_text: str, md: QlikTable | None) -> tuple[list[_Field], set[s
         spark_type, convert = _converter(avro_type)
         column = md.column(name) if md is not None else None
         if column is None:
-            fields.append(_Field(name, position, spark_type, json.dumps(_branch(avro_type)), convert))
+            fields.append(_Field(name, position, spark_type, json.dumps(_branch(avro_type)), _always_fits(convert)))
             continue
         if spark_type == "string" and _branch(avro_type) == "string" and column.spark_type != "string":
             # qlik.md 5: without logical types NUMERIC, UINT8, DATE, DATETIME... travel as Replicate's text.
-            as_text, fits = _replicate_text(column.spark_type)
-            fields.append(_Field(name, column.ordinal, column.spark_type, column.vendor_type, as_text, fits))
+            fields.append(
+                _Field(name, column.ordinal, column.spark_type, column.vendor_type, _replicate_text(column.spark_type))
+            )
             continue
-        fields.append(_Field(name, column.ordinal, spark_type, column.vendor_type, convert))
+        fields.append(_Field(name, column.ordinal, spark_type, column.vendor_type, _always_fits(convert)))
     return fields, header_names
 
 
@@ -381,22 +382,24 @@ def _as_decoded(table: QlikTable) -> QlikTable:
     return dataclasses.replace(table, columns=columns)
 
 
-def _image(record: Column, fields: list[_Field], mask: Column) -> tuple[Column, Column, Column]:
-    """(image of the captured columns, whether some column was not captured, first lossy value's error)."""
+def _image(record: Column, fields: list[_Field], mask_hex: Column) -> tuple[Column, Column, Column]:
+    """(image of the captured columns, whether some column was not captured, first lossy value's error);
+    ``mask_hex``: the columnMask as hex text (null = all captured)."""
     entries: list[Column] = []
     dropped: list[Column] = []
     errors: list[Column] = []
     for field in fields:
-        captured = mask.isNull() | mask_bit(F.hex(mask), F.lit(field.ordinal))
+        captured = mask_hex.isNull() | mask_bit(mask_hex, field.ordinal)
         value = record[field.name]
-        entries.append(F.when(captured, F.struct(F.lit(field.name).alias("k"), field.convert(value).alias("v"))))
+        text, fits = field.convert(value)
+        entries.append(F.when(captured, F.struct(F.lit(field.name).alias("k"), text.alias("v"))))
         dropped.append(~captured)
-        if field.fits is not None:
+        if fits is not None:
             message = F.format_string(
                 f"value '%s' of column {field.name} does not fit {field.vendor_type} without loss",
                 F.substring(value, 1, 80),
             )
-            errors.append(F.when(captured & ~field.fits(value), message))
+            errors.append(F.when(captured & ~fits, message))
     kept = F.filter(F.array(*entries), lambda e: e.isNotNull())
     image = F.when(record.isNotNull(), F.map_from_entries(kept))
     error = F.when(record.isNotNull(), F.coalesce(*errors)) if errors else F.lit(None).cast("string")
@@ -413,8 +416,9 @@ def _dt_events(
     decoded = _stage(frame, _d=from_avro(e["message"], schema_text, {"mode": "PERMISSIVE"}))
     decoded = _stage(decoded, _h=_headers(d, header_names))
     headers = F.col("_h")
-    after_i, dropped_i, after_error = _image(d["data"], fields, headers["columnMask"])
-    before_i, _, before_error = _image(d["beforeData"], fields, headers["columnMask"])
+    decoded = _stage(decoded, _mask_hex=F.hex(headers["columnMask"]))
+    after_i, dropped_i, after_error = _image(d["data"], fields, F.col("_mask_hex"))
+    before_i, _, before_error = _image(d["beforeData"], fields, F.col("_mask_hex"))
     decoded = _stage(
         decoded,
         _after_raw=after_i,
