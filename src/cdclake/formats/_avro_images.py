@@ -133,9 +133,14 @@ def align(
     )
 
 
-def declared_columns(fields: Column, before: Column, after: Column, fallback_type: Column) -> Column:
+def declared_columns(
+    fields: Column, before: Column, after: Column, fallback_type: Callable[[Column], Column]
+) -> Column:
     """The canonical ``columns`` of a DTS/DRS record: each field's Spark type as its value branch says (after image
-    first, then before), else from its type code via ``fallback_type`` (a code -> Spark type map), else string."""
+    first, then before), else ``fallback_type`` of its type code (null when the code is unknown), else string.
+
+    ``fallback_type`` runs inside the lambda: it should look codes up in constant maps, not build a map per row
+    (Spark would build it again for every field)."""
     return F.transform(
         fields,
         lambda f, i: F.struct(
@@ -144,7 +149,7 @@ def declared_columns(fields: Column, before: Column, after: Column, fallback_typ
             F.coalesce(
                 after[i]["value"]["spark_type"],
                 before[i]["value"]["spark_type"],
-                F.try_element_at(fallback_type, f["dataTypeNumber"]),
+                fallback_type(f["dataTypeNumber"]),
                 F.lit("string"),
             ).alias("spark_type"),
         ),

@@ -185,6 +185,13 @@ def exact_text_image(image: Column) -> Column:
     return F.transform_values(image, lambda _k, v: v.cast("string"))
 
 
+def with_missing_as_null(row: Column, names: Column) -> Column:
+    """``row`` plus every one of ``names`` it lacks, as NULL (null when ``row`` is). Without a lambda: ``row`` is
+    read three times, so it should be a column reference or a cheap expression, never an image being built."""
+    missing = F.array_except(names, F.map_keys(row))
+    return F.map_concat(row, F.map_from_arrays(missing, F.array_repeat(F.lit(None).cast("string"), F.size(missing))))
+
+
 def first_error(*checks: tuple[Column, str | Column]) -> Column:
     """The message of the first check whose condition is true, else null. Null conditions count as false."""
     result: Column | None = None

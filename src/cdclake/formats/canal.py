@@ -37,6 +37,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    with_missing_as_null,
 )
 from cdclake.model import Op
 
@@ -332,17 +333,11 @@ def truncates_table(sql: Column, table: Column, database: Column, schema: Column
     return F.coalesce(
         (name != "")
         & (F.element_at(parts, -1) == table)
-        & F.forall(qualifiers, lambda q: (q == F.coalesce(database, F.lit(""))) | (q == F.coalesce(schema, F.lit("")))),
+        & (
+            F.size(F.array_except(qualifiers, F.array(F.coalesce(database, F.lit("")), F.coalesce(schema, F.lit("")))))
+            == 0
+        ),
         F.lit(False),
-    )
-
-
-def _full(row: Column, names: Column) -> Column:
-    """A row as sent, plus every declared column it lacks as NULL (canal.md section 1: missing key == null)."""
-    missing = F.filter(names, lambda n: ~F.map_contains_key(row, n))
-    return F.when(
-        row.isNotNull(),
-        F.map_concat(row, F.map_from_arrays(missing, F.transform(missing, lambda _n: F.lit(None).cast("string")))),
     )
 
 
@@ -463,7 +458,8 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     )
 
     def image(row: Column) -> Column:
-        full = _full(row, names)
+        # canal.md section 1: a missing key is NULL.
+        full = with_missing_as_null(row, names)
         return F.transform_values(full, lambda k, v: canonical_value(dialect, spark_types[k], v, zone))
 
     if dialect.old_is_changed_only:
@@ -481,6 +477,11 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         op.isin(Op.INSERT.value, Op.UPSERT.value, Op.UPDATE.value),
         F.when(op == Op.UPDATE.value, update_after).otherwise(row_i),
     )
+
+    # Staged as columns: image() reads a row several times (and Spark evaluates an expression inside a lambda once
+    # per element), so the overlaid before image would otherwise be rebuilt for every declared column.
+    exploded = exploded.select("*", before.alias("_before_row"), after.alias("_after_row"))
+    before, after = F.col("_before_row"), F.col("_after_row")
 
     identifier = m["id"]
     position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")

@@ -62,6 +62,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    with_missing_as_null,
 )
 from cdclake.model import Op
 
@@ -431,15 +432,14 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     vendor_op = p["op"]
     op = op_from_code(vendor_op, LINDORM_OPERATIONS)
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
-    after = with_row_id(texts(F.col("_after_pairs")), is_hbase)
+    # Staged: the full after image reads `after` three times.
+    staged = staged.select("*", with_row_id(texts(F.col("_after_pairs")), is_hbase).alias("_after_text"))
+    after = F.col("_after_text")
     before = with_row_id(texts(F.col("_before_pairs")), is_hbase)
     # lindorm-debezium.md "Column deletion": a column missing from `after` (present in `before`, or declared by the
     # schema) was deleted: `after` is a full image, and the missing columns are written as NULL explicitly.
     declared = F.col("_fields")["field"]  # ROW_ID_COLUMN is always in `after`
-    missing = F.filter(declared, lambda n: ~F.map_contains_key(after, n))
-    full_after = F.map_concat(
-        after, F.map_from_arrays(missing, F.transform(missing, lambda _n: F.lit(None).cast("string")))
-    )
+    full_after = with_missing_as_null(after, declared)
     decoded = staged.select(
         "*",
         op.alias(model.OP),

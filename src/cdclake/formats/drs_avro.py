@@ -183,7 +183,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     with_images = parsed.select("*", aligned(before_items).alias("_before"), aligned(after_items).alias("_after"))
     before, after = F.col("_before"), F.col("_after")
     jdbc = F.create_map(*(x for code, spark in JDBC_TYPES.items() for x in (F.lit(code), F.lit(spark))))
-    columns = av.declared_columns(fields, before, after, jdbc)
+    columns = av.declared_columns(fields, before, after, lambda code: F.try_element_at(jdbc, code))
     database, schema, table, bad_name = _table_name(r["tableName"])
     if default_database:
         database = F.coalesce(database, F.lit(default_database))

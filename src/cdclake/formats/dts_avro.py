@@ -393,6 +393,16 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         r["sourcePosition"].contains("<->"), F.lit(False)
     )
     # dts.md 1.2: a sourcePosition with `<->` is a PG physical-log reader, treated as PPAS (nanosecond fractions).
+    # Staged as columns (referenced more than once, so the optimizer keeps them): every value conversion reads the
+    # source flags and every field's type check reads the key lists, and an expression used inside a lambda is
+    # evaluated again for every element (Spark does not hoist it out of the loop).
+    parsed = parsed.select(
+        "*",
+        is_mysql.alias("_is_mysql"),
+        is_pg.alias("_is_pg"),
+        F.from_json(r["tags"]["pk_uk_info"], "MAP<STRING, ARRAY<STRING>>").alias("_uniques"),
+    )
+    is_mysql, is_pg = F.col("_is_mysql"), F.col("_is_pg")
     ctx = {"is_mysql": is_mysql, "is_pg": is_pg, "nanos": ~(is_mysql | is_pg)}
     empty_fields = F.array().cast("array<struct<name:string,dataTypeNumber:int>>")
     fields = F.coalesce(r["fields"]["member1"], empty_fields)
@@ -403,12 +413,16 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
 
     with_images = parsed.select("*", aligned(before_items).alias("_before"), aligned(after_items).alias("_after"))
     before, after = F.col("_before"), F.col("_after")
-    fallback_type = F.when(is_mysql, _code_map(MYSQL_TYPES)).when(is_pg, _code_map(PG_TYPES))
+    mysql_types, pg_types = _code_map(MYSQL_TYPES), _code_map(PG_TYPES)
+
+    def fallback_type(code: Column) -> Column:
+        return F.when(is_mysql, F.try_element_at(mysql_types, code)).when(is_pg, F.try_element_at(pg_types, code))
+
     tags = r["tags"]
     database, schema, table, too_many_parts = _object_name(r["objectName"])
     database = F.coalesce(tags["l_db_name"], database)
     table = F.when(table.isNotNull(), F.coalesce(tags["l_tb_name"], table))
-    uniques = F.from_json(tags["pk_uk_info"], "MAP<STRING, ARRAY<STRING>>")
+    uniques = F.col("_uniques")
     keys = F.coalesce(
         uniques["PRIMARY"],
         F.get(F.map_values(uniques), 0),
@@ -418,11 +432,14 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     is_ddl = op == Op.DDL.value
 
     def has_absent(items: Column) -> Column:
-        return F.exists(F.coalesce(items, F.array()), lambda e: e["value"]["absent"])
+        # No lambda: this runs inside the per-field lambda of _untyped_columns.
+        return F.array_contains(F.coalesce(items, F.array())["value"]["absent"], True)
 
     untyped_names = _untyped_columns(
         fields, before, after, is_mysql, has_keys=F.size(keys) > 0, full=~has_absent(after)
     )
+    with_images = with_images.select("*", untyped_names.alias("_untyped"))
+    untyped_names = F.col("_untyped")
     columns = F.filter(
         av.declared_columns(fields, before, after, fallback_type), lambda c: ~F.array_contains(untyped_names, c["name"])
     )

@@ -73,14 +73,11 @@ def _present(image: Column) -> Column:
     def is_flag(k: Column) -> Column:
         return k.endswith(MISSING_SUFFIX) & F.map_contains_key(image, F.substring(k, F.lit(1), F.length(k) - suffix))
 
-    missing = F.transform(
-        F.filter(
-            F.map_entries(image),
-            lambda e: is_flag(e["key"]) & F.coalesce(F.try_variant_get(e["value"], "$", "boolean"), F.lit(False)),
-        ),
-        lambda e: F.substring(e["key"], F.lit(1), F.length(e["key"]) - suffix),
-    )
-    kept = F.map_filter(image, lambda k, _v: ~is_flag(k) & ~F.array_contains(missing, k))
+    def flagged_missing(k: Column) -> Column:
+        # Looked up per entry: a list of the missing columns built outside the lambda would be rebuilt per entry.
+        return F.coalesce(F.try_variant_get(image[F.concat(k, F.lit(MISSING_SUFFIX))], "$", "boolean"), F.lit(False))
+
+    kept = F.map_filter(image, lambda k, _v: ~is_flag(k) & ~flagged_missing(k))
     return F.when(F.size(image) > 0, kept)
 
 

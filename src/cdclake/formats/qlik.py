@@ -481,12 +481,9 @@ def mask_bit(mask: Column, ordinal: Column | int) -> Column:
 
 def _captured(image: Column, mask: Column) -> Column:
     """Without an MD: the image without the columns whose columnMask bit is 0 (ordinal = position in ``data``)."""
-    names = F.map_keys(image)
-    kept = F.filter(
-        F.transform(names, lambda n, i: F.struct(n.alias("k"), mask_bit(mask, i + 1).alias("on"))),
-        lambda e: mask.isNull() | e["on"],
-    )
-    return F.map_filter(image, lambda k, _v: F.exists(kept, lambda e: e["k"] == k))
+    # One pass over the entries by position: a lookup of each key in a kept-names array built outside the lambda
+    # would rebuild that array for every entry (Spark evaluates it inside the lambda).
+    return F.map_from_entries(F.filter(F.map_entries(image), lambda _e, i: mask.isNull() | mask_bit(mask, i + 1)))
 
 
 def _spark_type_of(value: Column) -> Column:

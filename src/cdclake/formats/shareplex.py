@@ -55,8 +55,10 @@ OPERATIONS: Final = {"ins": Op.INSERT, "upd": Op.UPDATE, "del": Op.DELETE}
 
 
 def _with_row_id(image: Column, row_id: Column) -> Column:
+    without = F.map_filter(image, lambda k, _v: k != model.ROW_ID_COLUMN)
     return F.when(
-        row_id.isNotNull() & image.isNotNull(), _overlay(image, F.create_map(F.lit(model.ROW_ID_COLUMN), row_id))
+        row_id.isNotNull() & image.isNotNull(),
+        F.map_concat(without, F.create_map(F.lit(model.ROW_ID_COLUMN), row_id)),
     ).otherwise(image)
 
 
