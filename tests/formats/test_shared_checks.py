@@ -101,3 +101,59 @@ def test_fast_name_checks_equal_the_per_name_definitions(spark, name_lists: list
             assert row["error"] == "duplicate column names (names are compared case-insensitively)", row["names"]
         else:
             assert row["error"] is None or not row["error"].startswith(("invalid column", "duplicate")), row["names"]
+
+
+# Images against declared columns: the same names in the same order (the positional fast path), shuffled, with a
+# column missing or an undeclared one, values valid and invalid for their types, NULL values and NULL images.
+TYPED_VALUES = {"bigint": ["1", "-7", "x", None], "boolean": ["true", "yes", None], "string": ["s", "", None]}
+COLUMN = st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sampled_from(sorted(TYPED_VALUES)))
+
+
+@st.composite
+def image_cases(draw: st.DrawFn) -> tuple[list[tuple[str, str]], dict[str, str | None] | None]:
+    columns = draw(st.lists(COLUMN, max_size=5, unique_by=lambda c: c[0]))
+    shape = draw(st.sampled_from(["aligned", "shuffled", "missing", "undeclared", "null"]))
+    if shape == "null":
+        return columns, None
+    names = [name for name, _ in columns]
+    if shape == "shuffled":
+        names = draw(st.permutations(names))
+    elif shape == "missing" and names:
+        names = names[1:]
+    elif shape == "undeclared":
+        names = [*names, "zz"]
+    types = dict(columns)
+    return columns, {n: draw(st.sampled_from(TYPED_VALUES[types.get(n, "string")])) for n in names}
+
+
+IMAGE_SCHEMA = "columns array<struct<name:string,vendor_type:string,spark_type:string>>, image map<string,string>"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(image_cases(), min_size=30, max_size=60))
+def test_positional_image_checks_equal_the_by_name_definitions(spark, cases) -> None:
+    rows = [([(n, t, t) for n, t in columns], image) for columns, image in cases]
+    frame = spark.createDataFrame(rows, IMAGE_SCHEMA).select(
+        F.lit("INSERT").alias(model.OP),
+        F.col("columns").alias(model.COLUMNS),
+        F.col("image").alias(model.AFTER),
+        F.col("image").alias(model.BEFORE),
+    )
+    image, columns = F.col(model.AFTER), F.col(model.COLUMNS)
+    result = (
+        base._stage_checks(frame)
+        .select(
+            F.col("_chk_invalid_after").alias("invalid"),
+            F.when(image.isNotNull(), F.size(base._invalid_values(image, columns)) > 0).alias("exact_invalid"),
+            F.col("_chk_undeclared_after").alias("undeclared"),
+            F.array_except(F.map_keys(image), F.coalesce(columns["name"], F.array().cast("array<string>"))).alias(
+                "exact_undeclared"
+            ),
+            image.alias("image"),
+        )
+        .collect()
+    )
+    assert len(result) == len(rows)
+    for row in result:
+        assert row["invalid"] == row["exact_invalid"], row["image"]
+        assert row["undeclared"] == row["exact_undeclared"], row["image"]

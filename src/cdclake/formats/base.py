@@ -189,7 +189,9 @@ def with_missing_as_null(row: Column, names: Column) -> Column:
     """``row`` plus every one of ``names`` it lacks, as NULL (null when ``row`` is). Without a lambda: ``row`` is
     read three times, so it should be a column reference or a cheap expression, never an image being built."""
     missing = F.array_except(names, F.map_keys(row))
-    return F.map_concat(row, F.map_from_arrays(missing, F.array_repeat(F.lit(None).cast("string"), F.size(missing))))
+    added = F.map_concat(row, F.map_from_arrays(missing, F.array_repeat(F.lit(None).cast("string"), F.size(missing))))
+    # The usual row has exactly the declared columns, in their order: one array comparison instead of a hash set.
+    return F.when(F.map_keys(row) == names, row).otherwise(added)
 
 
 def first_error(*checks: tuple[Column, str | Column]) -> Column:
@@ -290,16 +292,28 @@ def _stage_checks(df: DataFrame) -> DataFrame:
     row, declared = F.col(_IS_ROW_OP), F.col(_DECLARED)
 
     def undeclared(image: Column) -> Column:
-        # array_except keeps the image's order (the first one is reported) and is generated code, not a lambda.
-        return F.when(row, F.array_except(F.map_keys(image), declared))
+        # array_except keeps the image's order (the first one is reported) and is generated code, not a lambda; an
+        # image with exactly the declared names in their order (the usual case) has none, found without a hash set.
+        aligned = F.map_keys(image) == declared
+        return F.when(
+            row, F.when(aligned, F.array().cast("array<string>")).otherwise(F.array_except(F.map_keys(image), declared))
+        )
 
     def invalid(image: Column) -> Column:
         # Only whether there is one (stops at the first): which one, for the message, is worked out again for the
         # rows that have one. text_is_valid is never null, so this is size(_invalid_values(..)) > 0.
-        return F.when(
-            row & image.isNotNull(),
-            F.exists(_declared_columns(columns), lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"])),
+        by_name = F.exists(
+            _declared_columns(columns), lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"])
         )
+        # An image whose keys are the declared names in their order (the usual case) pairs its values with the
+        # declared types by position: no map lookup per value.
+        by_position = F.array_contains(
+            F.zip_with(
+                F.map_values(image), _declared_columns(columns)["spark_type"], lambda v, t: ~model.text_is_valid(v, t)
+            ),
+            True,
+        )
+        return F.when(row & image.isNotNull(), F.when(F.map_keys(image) == declared, by_position).otherwise(by_name))
 
     return first.select(
         "*",

@@ -176,18 +176,30 @@ class Dialect:
 # Types
 
 
-def mysql_spark_type(vendor_type: Column, bit_type: str) -> Column:
-    """Spark type for a MySQL column type as ``mysqlType`` spells it: with length/sign (Canal, ``bigint(20)
+def mysql_spark_types(vendor_types: Column, bit_type: str) -> Column:
+    """Spark types for a map of MySQL column types as ``mysqlType`` spells them: with length/sign (Canal, ``bigint(20)
     unsigned``, ``decimal(10,2)``) or bare (DTS, DRS: ``bigint``, ``decimal``). Null for an unknown type.
 
     Integers -> bigint, BIGINT UNSIGNED -> decimal(20,0) (canal.md section 3: unsigned values are printed
     unsigned); DECIMAL(p,s) -> decimal(p,s) when p <= 38, else (and bare ``decimal``, whose scale is unknown)
     string, so that the exact text is kept; DATETIME -> timestamp_ntz (a wall clock); TIMESTAMP -> timestamp (an
     instant); TIME -> string (may be negative or >= 24h); JSON/ENUM/SET -> string.
+
+    The bare type name is worked out in a step of its own: tested inside the same lambda, each test would run its
+    regular expressions again (Spark does not share subexpressions inside lambdas).
     """
-    t = F.lower(F.trim(vendor_type))
+    spelled = F.transform_values(vendor_types, lambda _k, v: F.lower(F.trim(v)))
+    parts = F.transform_values(spelled, lambda _k, t: F.struct(t.alias("t"), _mysql_base_type(t).alias("base")))
+    return F.transform_values(parts, lambda _k, p: _mysql_spark_type(p["t"], p["base"], bit_type))
+
+
+def _mysql_base_type(t: Column) -> Column:
+    """``decimal(10,2) unsigned zerofill`` -> ``decimal`` (``t`` lower-cased and trimmed)."""
     base = F.trim(F.regexp_replace(F.regexp_replace(t, r"\(.*?\)", ""), r"\b(unsigned|signed|zerofill)\b", ""))
-    base = F.regexp_replace(base, r"\s+", " ")
+    return F.regexp_replace(base, r"\s+", " ")
+
+
+def _mysql_spark_type(t: Column, base: Column, bit_type: str) -> Column:
     unsigned = t.rlike(r"\bunsigned\b")
     precision = F.regexp_extract(t, r"\(\s*(\d+)\s*(,\s*(\d+)\s*)?\)", 1)
     scale = F.regexp_extract(t, r"\(\s*(\d+)\s*,\s*(\d+)\s*\)", 2)
@@ -209,10 +221,15 @@ def mysql_spark_type(vendor_type: Column, bit_type: str) -> Column:
     )
 
 
-def relational_spark_type(vendor_type: Column) -> Column:
-    """Spark type for a DRS ``columnType`` (drs.md section 4: PostgreSQL/GaussDB names without length; empty for
-    Oracle and SQL Server). Types without precision (numeric) and every type not listed -> string (exact text)."""
-    t = F.regexp_replace(F.lower(F.trim(vendor_type)), r"\s+", " ")
+def relational_spark_types(vendor_types: Column) -> Column:
+    """Spark types for a map of DRS ``columnType`` values (drs.md section 4: PostgreSQL/GaussDB names without length;
+    empty for Oracle and SQL Server). Types without precision (numeric) and every type not listed -> string (exact
+    text). The spelling is normalised in a step of its own (see :func:`mysql_spark_types`)."""
+    spelled = F.transform_values(vendor_types, lambda _k, v: F.regexp_replace(F.lower(F.trim(v)), r"\s+", " "))
+    return F.transform_values(spelled, lambda _k, t: _relational_spark_type(t))
+
+
+def _relational_spark_type(t: Column) -> Column:
     return (
         F.when(t.isin("smallint", "integer", "bigint", "int", "int2", "int4", "int8", "tinyint"), F.lit("bigint"))
         .when(t.isin("real", "float4", "double precision", "float8", "float"), F.lit("double"))
@@ -418,7 +435,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
 
     if dialect.types == "mysql":
         vendor_types = m["mysqlType"]
-        spark_types = F.transform_values(vendor_types, lambda _k, t: mysql_spark_type(t, dialect.bit_type))
+        spark_types = mysql_spark_types(vendor_types, dialect.bit_type)
         declared_types = vendor_types
         type_name = "MySQL"
     else:
@@ -428,9 +445,9 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         declared_types = F.when(has_column_type, m["columnType"]).otherwise(
             F.transform_values(m["sqlType"], lambda _k, code: F.concat(F.lit("sqlType "), code))
         )
-        spark_types = F.when(
-            has_column_type, F.transform_values(m["columnType"], lambda _k, t: relational_spark_type(t))
-        ).otherwise(F.transform_values(m["sqlType"], lambda _k, _t: F.lit("string")))
+        spark_types = F.when(has_column_type, relational_spark_types(m["columnType"])).otherwise(
+            F.transform_values(m["sqlType"], lambda _k, _t: F.lit("string"))
+        )
         vendor_types = declared_types
         type_name = "column"
     # Staged as columns: the row images look a column's type up once per value, inside lambdas, where Spark would
@@ -457,10 +474,17 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>"),
     )
 
-    def image(row: Column) -> Column:
-        # canal.md section 1: a missing key is NULL.
-        full = with_missing_as_null(row, names)
-        return F.transform_values(full, lambda k, v: canonical_value(dialect, spark_types[k], v, zone))
+    def image(full: Column) -> Column:
+        """Canonical values of a staged row (with its missing columns): each value's rule needs its column's type,
+        and a map lookup per value (several, as the rule tests the type) is the slow part. Rows usually list their
+        columns in the order of the type map (Canal builds both from one column list): then the types are the
+        type map's values as they stand; otherwise each key is looked up once."""
+        keys = F.map_keys(full)
+        types = F.when(keys == F.map_keys(spark_types), F.map_values(spark_types)).otherwise(
+            F.transform(keys, lambda k: spark_types[k])
+        )
+        values = F.zip_with(F.map_values(full), types, lambda v, t: canonical_value(dialect, t, v, zone))
+        return F.map_from_arrays(keys, values)
 
     if dialect.old_is_changed_only:
         # canal.md section 1: old[i] = previous values of the CHANGED columns; before = data[i] overlaid with old[i].
@@ -481,7 +505,13 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     # Staged as columns: image() reads a row several times (and Spark evaluates an expression inside a lambda once
     # per element), so the overlaid before image would otherwise be rebuilt for every declared column.
     exploded = exploded.select("*", before.alias("_before_row"), after.alias("_after_row"))
-    before, after = F.col("_before_row"), F.col("_after_row")
+    # canal.md section 1: a missing key is NULL.
+    exploded = exploded.select(
+        "*",
+        with_missing_as_null(F.col("_before_row"), names).alias("_before_full"),
+        with_missing_as_null(F.col("_after_row"), names).alias("_after_full"),
+    )
+    before, after = F.col("_before_full"), F.col("_after_full")
 
     identifier = m["id"]
     position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")
