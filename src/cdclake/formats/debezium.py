@@ -224,13 +224,15 @@ def _event_time(source: Column, fallback_ms: Column) -> Column:
 
 
 def parse(messages: DataFrame) -> DataFrame:
-    """Raw messages + ``_m`` (parsed value), ``_p`` (the envelope: ``payload`` or the value itself) and ``_kinds``
-    (the images as JSON text, for type inference)."""
+    """Raw messages + ``_m`` (parsed value), ``_schema_fields`` (the fields its Connect schema declares), ``_p`` (the
+    envelope: ``payload`` or the value itself) and ``_kinds`` (the images as JSON text, for type inference)."""
     options = {"columnNameOfCorruptRecord": "_corrupt_record"}
     text = F.col(MESSAGE_VALUE).cast("string")
-    parsed = messages.withColumn("_m", F.from_json(text, RAW_SCHEMA, options)).withColumn(
-        "_k", F.from_json(text, KIND_SCHEMA)
-    )
+    parsed = messages.withColumn("_m", F.from_json(text, RAW_SCHEMA, options))
+    parsed = parsed.withColumn("_schema_fields", schema_fields(F.col("_m")["schema"]))
+    # The images' JSON text is only needed to infer types, i.e. when the message declares no fields: a message with
+    # its Connect schema is parsed once, not twice.
+    parsed = parsed.withColumn("_k", F.when(F.col("_schema_fields").isNull(), F.from_json(text, KIND_SCHEMA)))
     m, kinds = F.col("_m"), F.col("_k")
     # debezium.md 1: "if the value has payload and schema keys use value.payload, else value".
     wrapped = m["payload"].isNotNull()
@@ -241,7 +243,7 @@ def parse(messages: DataFrame) -> DataFrame:
 
 def declared_or_inferred_fields() -> Column:
     p = F.col("_p")
-    return F.coalesce(schema_fields(F.col("_m")["schema"]), inferred_fields(p["before"], p["after"], F.col("_kinds")))
+    return F.coalesce(F.col("_schema_fields"), inferred_fields(p["before"], p["after"], F.col("_kinds")))
 
 
 # ----------------------------------------------------------------------------------------------------------------
