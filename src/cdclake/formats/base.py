@@ -187,7 +187,7 @@ def exact_text_image(image: Column) -> Column:
 
 def with_missing_as_null(row: Column, names: Column) -> Column:
     """``row`` plus every one of ``names`` it lacks, as NULL (null when ``row`` is). Without a lambda: ``row`` is
-    read three times, so it should be a column reference or a cheap expression, never an image being built."""
+    read several times, so it should be a column reference or a cheap expression, never an image being built."""
     missing = F.array_except(names, F.map_keys(row))
     added = F.map_concat(row, F.map_from_arrays(missing, F.array_repeat(F.lit(None).cast("string"), F.size(missing))))
     # The usual row has exactly the declared columns, in their order: one array comparison instead of a hash set.

@@ -434,7 +434,7 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     vendor_op = p["op"]
     op = op_from_code(vendor_op, LINDORM_OPERATIONS)
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
-    # Staged: the full after image reads `after` three times.
+    # Staged: the full after image reads `after` several times.
     staged = staged.select("*", with_row_id(texts(F.col("_after_pairs")), is_hbase).alias("_after_text"))
     after = F.col("_after_text")
     before = with_row_id(texts(F.col("_before_pairs")), is_hbase)
