@@ -259,6 +259,7 @@ _IS_ROW_OP: Final = "_chk_is_row_op"
 _NAMES: Final = "_chk_names"
 _DECLARED: Final = "_chk_declared"
 _BAD_NAMES: Final = "_chk_bad_names"
+_ALIGNED: Final = {model.AFTER: "_chk_aligned_after", model.BEFORE: "_chk_aligned_before"}
 _UNDECLARED_AFTER: Final = "_chk_undeclared_after"
 _UNDECLARED_BEFORE: Final = "_chk_undeclared_before"
 _INVALID_AFTER: Final = "_chk_invalid_after"
@@ -283,47 +284,57 @@ def _stage_checks(df: DataFrame) -> DataFrame:
     op, columns = F.col(model.OP), F.col(model.COLUMNS)
     is_row_op = op.isin(*(o.value for o in model.ROW_OPS))
     names = F.when(is_row_op, columns["name"])
+    declared_names = F.coalesce(names, F.array().cast("array<string>"))
     first = df.select(
         "*",
         F.coalesce(is_row_op, F.lit(False)).alias(_IS_ROW_OP),
         names.alias(_NAMES),
-        F.coalesce(names, F.array().cast("array<string>")).alias(_DECLARED),
+        declared_names.alias(_DECLARED),
+        # Whether an image's keys are the declared names in their order (the usual row): both image checks then
+        # need no lookup by name.
+        *((F.map_keys(F.col(image)) == declared_names).alias(flag) for image, flag in _ALIGNED.items()),
     )
     row, declared = F.col(_IS_ROW_OP), F.col(_DECLARED)
 
-    def undeclared(image: Column) -> Column:
+    def aligned(image: str) -> Column:
+        return F.col(_ALIGNED[image])
+
+    def undeclared(image_name: str) -> Column:
         # array_except keeps the image's order (the first one is reported) and is generated code, not a lambda; an
-        # image with exactly the declared names in their order (the usual case) has none, found without a hash set.
-        aligned = F.map_keys(image) == declared
+        # aligned image has none, found without a hash set.
+        image = F.col(image_name)
         return F.when(
-            row, F.when(aligned, F.array().cast("array<string>")).otherwise(F.array_except(F.map_keys(image), declared))
+            row,
+            F.when(aligned(image_name), F.array().cast("array<string>")).otherwise(
+                F.array_except(F.map_keys(image), declared)
+            ),
         )
 
-    def invalid(image: Column) -> Column:
+    def invalid(image_name: str) -> Column:
+        image = F.col(image_name)
         # Only whether there is one (stops at the first): which one, for the message, is worked out again for the
         # rows that have one. text_is_valid is never null, so this is size(_invalid_values(..)) > 0.
         by_name = F.exists(
             _declared_columns(columns), lambda c: ~model.text_is_valid(image[c["name"]], c["spark_type"])
         )
-        # An image whose keys are the declared names in their order (the usual case) pairs its values with the
-        # declared types by position: no map lookup per value.
+        # An aligned image pairs its values with the declared types by position: no map lookup per value.
         by_position = F.array_contains(
             F.zip_with(
                 F.map_values(image), _declared_columns(columns)["spark_type"], lambda v, t: ~model.text_is_valid(v, t)
             ),
             True,
         )
-        return F.when(row & image.isNotNull(), F.when(F.map_keys(image) == declared, by_position).otherwise(by_name))
+        return F.when(row & image.isNotNull(), F.when(aligned(image_name), by_position).otherwise(by_name))
 
     return first.select(
         "*",
         F.when(_names_may_be_bad(declared), F.filter(F.col(_NAMES), _bad_column_name))
         .otherwise(F.when(row, F.array().cast("array<string>")))
         .alias(_BAD_NAMES),
-        undeclared(F.col(model.AFTER)).alias(_UNDECLARED_AFTER),
-        undeclared(F.col(model.BEFORE)).alias(_UNDECLARED_BEFORE),
-        invalid(F.col(model.AFTER)).alias(_INVALID_AFTER),
-        invalid(F.col(model.BEFORE)).alias(_INVALID_BEFORE),
+        undeclared(model.AFTER).alias(_UNDECLARED_AFTER),
+        undeclared(model.BEFORE).alias(_UNDECLARED_BEFORE),
+        invalid(model.AFTER).alias(_INVALID_AFTER),
+        invalid(model.BEFORE).alias(_INVALID_BEFORE),
     )
 
 
