@@ -307,5 +307,50 @@ def test_unknown_schema_id_is_a_dead_letter(spark: SparkSession) -> None:
     assert f"no MD message known for messageSchemaId '{QLIK_SCHEMA_ID}'" in rows[0]["error"]
 
 
+@pytest.mark.spark
+def test_schema_spark_cannot_read_makes_dead_letters_of_its_messages_only(spark: SparkSession) -> None:
+    """All schema ids of a batch decode in one query; a dataSchema that passes the driver's field checks but that
+    Spark rejects (unknown Avro type) is found and its messages alone become dead letters."""
+    unreadable = json.loads(json.dumps(TEXT_DATA_SCHEMA))
+    unreadable["fields"][0]["type"]["fields"][1]["type"] = ["null", "nosuchtype"]
+    bad_id = "BAD0000000000000000000000000000B"
+
+    def metadata(schema_id: str, table: str, data_schema: str) -> TableMetadata:
+        definition = json.dumps(
+            {
+                "schemaId": schema_id,
+                "lineage": {"schema": "SALES", "table": table, "tableVersion": 1},
+                "tableStructure": {"tableColumns": TEXT_COLUMNS if table != "T" else QLIK_COLUMNS},
+                "dataSchema": data_schema,
+            }
+        )
+        return TableMetadata("qlik-avro", schema_id, "SALES", None, table, 1, definition)
+
+    known = [
+        metadata(QLIK_SCHEMA_ID, "T", QLIK_DATA_SCHEMA_TEXT),
+        metadata(TEXT_SCHEMA_ID, "PLAIN", json.dumps(TEXT_DATA_SCHEMA)),
+        metadata(bad_id, "BROKEN", json.dumps(unreadable)),
+    ]
+    row = {"ID": 7, "AMOUNT": "5200.50", "BIG": "1", "HIRED": "2019-04-01", "AT": None}
+    lines = [
+        qlik_replay()[2],
+        _text_dt("DT of PLAIN", TEXT_SCHEMA_ID, row, 1),
+        _text_dt("DT of BROKEN", bad_id, row, 2),
+    ]
+    fmt = get_format("qlik-avro")
+    assert fmt.metadata is not None
+    rows = canonical_rows(fmt.metadata.decode(messages_frame(spark, lines), {}, known))
+    by_table = {(r["table"], r["op"]): r for r in rows if r["table"] is not None}
+    assert by_table[("T", "INSERT")]["error"] is None
+    assert by_table[("T", "INSERT")]["after"]["ID"] == "3"
+    assert by_table[("PLAIN", "INSERT")]["error"] is None
+    assert by_table[("PLAIN", "INSERT")]["after"] == {
+        "ID": "7", "AMOUNT": "5200.50", "BIG": "1", "HIRED": "2019-04-01", "AT": None,
+    }  # fmt: skip
+    broken = [r for r in rows if r["table"] is None]
+    assert len(broken) == 1
+    assert broken[0]["error"].startswith(f"the dataSchema of MD {bad_id} is not usable: ")
+
+
 if __name__ == "__main__":
     main() if sys.argv[1:] == [] else sys.exit("usage: python -m tests.formats.test_qlik_avro")

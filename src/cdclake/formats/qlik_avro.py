@@ -11,8 +11,8 @@ fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema`
   of later batches and runs can be decoded.
 * **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
   is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
-  the schema when the query is planned: the distinct ids of the batch are collected on the driver and each id's
-  messages are decoded by their own branch (the branches are unioned). A DT whose schema is unknown is a dead
+  the schema when the query is planned: the distinct ids of the batch are collected on the driver, and each message
+  runs the ``from_avro`` of its own id (all ids in one pass; see ``_dt_events``). A DT whose schema is unknown is a dead
   letter naming its ``messageSchemaId`` (its MD was never read; replay it after the MD). With a null
   ``messageSchemaId``: the latest MD of the table named by the options ``database``/``table``.
 * **Overrides** (format options, they win over MD messages): ``data_schemas`` = a JSON object
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any, Final
@@ -382,49 +382,228 @@ def _as_decoded(table: QlikTable) -> QlikTable:
     return dataclasses.replace(table, columns=columns)
 
 
-def _image(record: Column, fields: list[_Field], mask_hex: Column) -> tuple[Column, Column, Column]:
-    """(image of the captured columns, whether some column was not captured, first lossy value's error);
-    ``mask_hex``: the columnMask as hex text (null = all captured)."""
-    entries: list[Column] = []
-    dropped: list[Column] = []
-    errors: list[Column] = []
+@dataclass(frozen=True)
+class _DataSchema:
+    """How the DT messages of one ``messageSchemaId`` of a batch decode (a null id: see the module doc)."""
+
+    schema_id: str | None
+    text: str | None
+    """The dataSchema they were written with; None when it is unknown."""
+    md: QlikTable | None
+    source: str
+    """Where ``text`` comes from, for error messages."""
+    override: bool
+    """``text`` comes from an option: an unusable one is a configuration error, not dead letters."""
+    problem: str | None = None
+    """Why the messages cannot be decoded (they are dead letters), or None."""
+    fields: tuple[_Field, ...] = ()
+    header_names: frozenset[str] = frozenset()
+
+    def unusable(self, exc: Exception) -> _DataSchema:
+        if self.override:
+            raise exc
+        first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return dataclasses.replace(self, problem=f"the dataSchema of {self.source} is not usable: {first_line}")
+
+    def read_with_spark(self, value: Column) -> Column:
+        assert self.text is not None
+        return from_avro(value, self.text, {"mode": "PERMISSIVE"})
+
+
+def _data_schema(
+    schema_id: str | None,
+    by_id: Mapping[str, QlikTable],
+    latest: Mapping[tuple[str | None, str], QlikTable],
+    overrides: Mapping[str, str],
+    options: FormatOptions,
+) -> _DataSchema:
+    """The schema DT messages with ``schema_id`` decode with: an override option, else their MD's dataSchema."""
+    named = (options.get("database") or None, options["table"]) if options.get("table") else None
+    md = by_id.get(schema_id) if schema_id is not None else (latest.get(named) if named else None)
+    override = (overrides.get(schema_id) if schema_id is not None else None) or overrides.get("*")
+    text = override or (md.data_schema if md is not None else None)
+    source = "the data_schema(s) option" if override else f"MD {md.schema_id if md else ''}"
+    schema = _DataSchema(schema_id, text, md, source, override is not None)
+    if text is None:
+        reason = (
+            f"no MD message known for messageSchemaId '{schema_id}': its dataSchema is needed to decode the data "
+            "message (send the MD first, on any topic of the pipeline, or set the data_schemas option)"
+            if schema_id is not None
+            else "messageSchemaId is null and no data_schema option or MD of the table named by the options "
+            "database/table"
+        )
+        return dataclasses.replace(schema, problem=reason)
+    try:
+        fields, header_names = _fields(text, md)
+    except (ValueError, KeyError, TypeError) as exc:
+        return schema.unusable(exc)
+    return dataclasses.replace(schema, fields=tuple(fields), header_names=frozenset(header_names))
+
+
+def _record_texts(record: Column, fields: Sequence[_Field]) -> tuple[Column, Column | None]:
+    """(the canonical text of each field of a data record, in field order; per field, why its value does not fit
+    without loss, or None when every value of these fields fits); both null for a null record."""
+    texts: list[Column] = []
+    errors: list[Column | None] = []
     for field in fields:
-        captured = mask_hex.isNull() | mask_bit(mask_hex, field.ordinal)
         value = record[field.name]
         text, fits = field.convert(value)
-        entries.append(F.when(captured, F.struct(F.lit(field.name).alias("k"), text.alias("v"))))
-        dropped.append(~captured)
-        if fits is not None:
-            message = F.format_string(
-                f"value '%s' of column {field.name} does not fit {field.vendor_type} without loss",
-                F.substring(value, 1, 80),
+        texts.append(text.cast("string"))
+        errors.append(
+            None
+            if fits is None
+            else F.when(
+                ~fits,
+                F.format_string(
+                    f"value '%s' of column {field.name} does not fit {field.vendor_type} without loss",
+                    F.substring(value, 1, 80),
+                ),
             )
-            errors.append(F.when(captured & ~fits, message))
-    kept = F.filter(F.array(*entries), lambda e: e.isNotNull())
-    image = F.when(record.isNotNull(), F.map_from_entries(kept))
-    error = F.when(record.isNotNull(), F.coalesce(*errors)) if errors else F.lit(None).cast("string")
-    return image, F.exists(F.array(*dropped), lambda d: d), error
+        )
+    values = F.when(record.isNotNull(), F.array(*texts).cast("array<string>"))
+    if all(error is None for error in errors):
+        return values, None
+    listed = [F.lit(None).cast("string") if error is None else error for error in errors]
+    return values, F.when(record.isNotNull(), F.array(*listed))
 
 
-def _dt_events(
-    frame: DataFrame, schema_text: str, md: QlikTable | None, options: FormatOptions, source: str
-) -> DataFrame:
-    """The DT messages of ``frame`` (all written with ``schema_text``) -> row events (+ TXN_END)."""
-    fields, header_names = _fields(schema_text, md)
+_SCHEMA_INFO_TYPE: Final = (
+    "array<struct<names:array<string>,ordinals:array<int>,"
+    "columns:array<struct<name:string,vendor_type:string,spark_type:string>>,keys:array<string>,database:string,"
+    "table:string,has_md:boolean,source:string>>"
+)
+
+
+def _schema_info(schemas: Sequence[_DataSchema]) -> Column:
+    """What the events of each schema (1-based, in order) share, as one constant: field names and ordinals, declared
+    columns, key, table. A row picks its schema's entry by index (one array access), so this part of the query does
+    not grow with the number of schemas."""
+    info = [
+        {
+            "names": [f.name for f in s.fields],
+            "ordinals": [f.ordinal for f in s.fields],
+            "columns": [{"name": f.name, "vendor_type": f.vendor_type, "spark_type": f.spark_type} for f in s.fields],
+            "keys": s.md.key_columns if s.md is not None else [],
+            "database": s.md.database if s.md is not None else None,
+            "table": s.md.table if s.md is not None else None,
+            "has_md": s.md is not None,
+            "source": s.source,
+        }
+        for s in schemas
+    ]
+    # from_json of a literal is folded into a constant when the query is optimised (one parse per query).
+    return F.from_json(F.lit(json.dumps(info)), _SCHEMA_INFO_TYPE)
+
+
+def _read_records(frame: DataFrame, schemas: Sequence[tuple[int, _DataSchema]]) -> DataFrame:
+    """``frame`` with ``_d<index>``: the data record of the messages of schema ``index`` (``_k``), null for the
+    others (each row runs only its own schema's ``from_avro``)."""
     e = F.col("_e")
-    d = F.col("_d")
-    decoded = _stage(frame, _d=from_avro(e["message"], schema_text, {"mode": "PERMISSIVE"}))
-    decoded = _stage(decoded, _h=_headers(d, header_names))
-    headers = F.col("_h")
-    decoded = _stage(decoded, _mask_hex=F.hex(headers["columnMask"]))
-    after_i, dropped_i, after_error = _image(d["data"], fields, F.col("_mask_hex"))
-    before_i, _, before_error = _image(d["beforeData"], fields, F.col("_mask_hex"))
+    index = F.col("_k")
+    return _stage(frame, **{f"_d{i}": F.when(index == i, s.read_with_spark(e["message"])) for i, s in schemas})
+
+
+def _readable(frame: DataFrame, schemas: list[_DataSchema]) -> list[_DataSchema]:
+    """``schemas`` with those Spark cannot read with marked unusable (Spark reports an unusable schema text as a JVM
+    error while analysing the plan: tried one by one, only after the batch's query failed)."""
+    checked: list[_DataSchema] = []
+    for schema in schemas:
+        if schema.problem is None:
+            try:
+                frame.select(schema.read_with_spark(F.col("_e")["message"]))
+            except Exception as exc:  # any analysis error of this schema makes it unusable
+                schema = schema.unusable(exc)
+        checked.append(schema)
+    return checked
+
+
+def _dt_events(data: DataFrame, schemas: list[_DataSchema], options: FormatOptions) -> DataFrame:
+    """The DT messages of ``data`` (``_sid``: their upper-cased ``messageSchemaId``, one of ``schemas``) -> row
+    events (+ TXN_END), every schema in one pass.
+
+    Per schema, only what depends on its fields is built: its ``from_avro`` and each field's conversion to text,
+    into one shape for all (headers struct, value texts in field order, lossy-value messages). Masks, images,
+    positions, checks and the canonical columns are built once. Each row runs only its own schema's branch, and
+    neither the query nor its planning repeat per schema what every schema shares (before, each schema id had a
+    copy of the whole decoder, unioned: planning grew with the tables of the batch).
+    """
+    ids = [s.schema_id for s in schemas if s.schema_id is not None]
+    assert all(s.schema_id is not None for s in schemas[: len(ids)]), "schemas with an id come first"
+    sid = F.col("_sid")
+    position = F.array_position(F.from_json(F.lit(json.dumps(ids)), "array<string>"), sid).cast("int")
+    null_index = F.lit(len(ids) + 1 if len(schemas) > len(ids) else None).cast("int")
+    indexed = _stage(data, _k=F.when(sid.isNull(), null_index).otherwise(position))
+    try:
+        decoded = _read_records(indexed, [(i, s) for i, s in enumerate(schemas, 1) if s.problem is None])
+    except Exception:  # one of the texts is not a schema Spark can read: find which, the others still decode
+        schemas = _readable(indexed, schemas)
+        decoded = _read_records(indexed, [(i, s) for i, s in enumerate(schemas, 1) if s.problem is None])
+    usable = [(i, s) for i, s in enumerate(schemas, 1) if s.problem is None]
+    unusable = [(i, s) for i, s in enumerate(schemas, 1) if s.problem is not None]
+    parts: list[DataFrame] = []
+    index = F.col("_k")
+    if unusable:
+        reason: Column = F.lit(None).cast("string")
+        for i, s in unusable:
+            reason = F.when(index == i, F.lit(s.problem)).otherwise(reason)
+        parts.append(_unknown_schema(indexed.where(index.isin(*(i for i, _ in unusable))), reason))
+        decoded = decoded.where(index.isin(*(i for i, _ in usable)))
+    if usable:
+        parts.append(_row_events(decoded, usable, _schema_info(schemas), options))
+    return reduce(DataFrame.unionByName, parts)
+
+
+def _row_events(
+    decoded: DataFrame, schemas: Sequence[tuple[int, _DataSchema]], info_of_schema: Column, options: FormatOptions
+) -> DataFrame:
+    """Row events of the DT messages read by :func:`_read_records` (see :func:`_dt_events`)."""
+    index = F.col("_k")
+
+    def per_schema(values: Mapping[int, Column | None], data_type: str) -> Column:
+        """The value of the row's own schema (a CASE on ``_k``; null for schemas without one)."""
+        out: Column | None = None
+        for i, value in values.items():
+            if value is not None:
+                out = F.when(index == i, value) if out is None else out.when(index == i, value)
+        return (F.lit(None) if out is None else out).cast(data_type)
+
+    record = {i: F.col(f"_d{i}") for i, _ in schemas}
+    data_texts = {i: _record_texts(record[i]["data"], s.fields) for i, s in schemas}
+    before_texts = {i: _record_texts(record[i]["beforeData"], s.fields) for i, s in schemas}
     decoded = _stage(
         decoded,
-        _after_raw=after_i,
-        _before_raw=before_i,
-        _dropped=dropped_i,
-        _value_error=F.coalesce(after_error, before_error),
+        _h=per_schema({i: _headers(record[i], set(s.header_names)) for i, s in schemas}, HEADERS_TYPE),
+        _after_values=per_schema({i: texts for i, (texts, _) in data_texts.items()}, "array<string>"),
+        _before_values=per_schema({i: texts for i, (texts, _) in before_texts.items()}, "array<string>"),
+        _after_errors=per_schema({i: errors for i, (_, errors) in data_texts.items()}, "array<string>"),
+        _before_errors=per_schema({i: errors for i, (_, errors) in before_texts.items()}, "array<string>"),
+    )
+    headers = F.col("_h")
+    decoded = _stage(decoded, _mask_hex=F.hex(headers["columnMask"]))
+    info = F.element_at(info_of_schema, index)
+    mask = F.col("_mask_hex")
+    # Per field, whether its columnMask bit (by its ordinal) is set; null = no mask, every field captured.
+    decoded = _stage(
+        decoded, _captured=F.when(mask.isNotNull(), F.transform(info["ordinals"], lambda o: mask_bit(mask, o)))
+    )
+    captured = F.col("_captured")
+
+    def image(values: Column) -> Column:
+        names = info["names"]
+        kept = F.transform(names, lambda n, i: F.when(captured[i], F.struct(n.alias("k"), values[i].alias("v"))))
+        masked = F.map_from_entries(F.filter(kept, lambda entry: entry.isNotNull()))
+        return F.when(values.isNotNull(), F.when(captured.isNull(), F.map_from_arrays(names, values)).otherwise(masked))
+
+    def first_lossy(errors: Column) -> Column:
+        in_image = F.transform(errors, lambda m, i: F.when(F.coalesce(captured[i], F.lit(True)), m))
+        return F.get(F.filter(in_image, lambda m: m.isNotNull()), 0)
+
+    decoded = _stage(
+        decoded,
+        _after_raw=image(F.col("_after_values")),
+        _before_raw=image(F.col("_before_values")),
+        _dropped=F.coalesce(F.exists(captured, lambda c: ~c), F.lit(False)),
+        _value_error=F.coalesce(first_lossy(F.col("_after_errors")), first_lossy(F.col("_before_errors"))),
     )
     after_raw, before_raw = F.col("_after_raw"), F.col("_before_raw")
     vendor_op = headers["operation"]
@@ -436,29 +615,20 @@ def _dt_events(
     before = F.when(is_delete, F.coalesce(after_raw, before_raw)).when(is_row, before_raw)
     position, event_time, header_checks = position_and_time(headers, op, is_row)
     last_event = F.coalesce(is_row & headers["transactionLastEvent"], F.lit(False))
-    if md is not None:
-        database: Column = F.lit(md.database)
-        table: Column = F.lit(md.table)
-    else:
-        database = F.lit(options["database"]) if options.get("database") else F.lit(None).cast("string")
-        table = F.lit(options["table"]) if options.get("table") else F.col("topic")
-    columns = F.array(
-        *(
-            F.struct(
-                F.lit(f.name).alias("name"),
-                F.lit(f.vendor_type).alias("vendor_type"),
-                F.lit(f.spark_type).alias("spark_type"),
-            )
-            for f in fields
-        )
-    )
-    keys = md.key_columns if md is not None else []
+    has_md = info["has_md"]
+    database = F.when(has_md, info["database"])
+    if options.get("database"):
+        database = database.otherwise(F.lit(options["database"]))
+    table = F.when(has_md, info["table"]).otherwise(F.lit(options["table"]) if options.get("table") else F.col("topic"))
     exploded = decoded.select(
         "*", F.explode(F.when(last_event, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))).alias("_sub")
     )
     txn_end = F.col("_sub") == 1
     error = first_error(
-        (d.isNull() | vendor_op.isNull(), f"data message not decodable with the data schema of {source}"),
+        (
+            headers.isNull() | vendor_op.isNull(),
+            F.format_string("data message not decodable with the data schema of %s", info["source"]),
+        ),
         (op.isNull(), F.format_string("unknown Qlik operation '%s'", vendor_op)),
         (is_row & ~is_delete & after_raw.isNull(), F.format_string("%s without data", vendor_op)),
         (is_delete & before.isNull(), "DELETE without data or beforeData"),
@@ -473,11 +643,11 @@ def _dt_events(
         vendor_op=F.when(txn_end, F.lit("transactionLastEvent")).otherwise(vendor_op),
         database=F.when(~txn_end, database),
         table=F.when(~txn_end, table),
-        columns=F.when(is_row & ~txn_end, columns),
-        key_columns=F.when(is_row & ~txn_end, F.array(*(F.lit(k) for k in keys)).cast("array<string>")),
+        columns=F.when(is_row & ~txn_end, info["columns"]),
+        key_columns=F.when(is_row & ~txn_end, info["keys"]),
         before=F.when(~txn_end, before),
         after=F.when(~txn_end, after),
-        after_is_partial=is_row & ~is_delete & ~txn_end & F.coalesce(F.col("_dropped"), F.lit(False)),
+        after_is_partial=is_row & ~is_delete & ~txn_end & F.col("_dropped"),
         position=position,
         event_time=event_time,
         txn_id=F.when(headers["transactionId"] != "", headers["transactionId"]),
@@ -524,32 +694,11 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
         _md_events(md_envelopes, [_as_decoded(t) for t in tables]),
     ]
     data = _stage(dt_envelopes.where(ok), _sid=F.upper(e["messageSchemaId"]))
-    sid = F.col("_sid")
-    named = (options.get("database") or None, options["table"]) if options.get("table") else None
-    for row in sorted(data.select(sid).distinct().collect(), key=lambda r: r[0] or ""):
-        schema_id: str | None = row[0]
-        subset = data.where(sid == schema_id) if schema_id is not None else data.where(sid.isNull())
-        md = by_id.get(schema_id) if schema_id is not None else (latest.get(named) if named else None)
-        override = (overrides.get(schema_id) if schema_id is not None else None) or overrides.get("*")
-        text = override or (md.data_schema if md is not None else None)
-        if text is None:
-            reason = (
-                f"no MD message known for messageSchemaId '{schema_id}': its dataSchema is needed to decode the data "
-                "message (send the MD first, on any topic of the pipeline, or set the data_schemas option)"
-                if schema_id is not None
-                else "messageSchemaId is null and no data_schema option or MD of the table named by the options "
-                "database/table"
-            )
-            parts.append(_unknown_schema(subset, F.lit(reason)))
-            continue
-        source = "the data_schema(s) option" if override else f"MD {md.schema_id if md else ''}"
-        try:
-            parts.append(_dt_events(subset, text, md, options, source))
-        except Exception as exc:  # an unusable dataSchema in an MD: its messages are dead letters, not a failed batch
-            if override:
-                raise
-            first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            parts.append(_unknown_schema(subset, F.lit(f"the dataSchema of {source} is not usable: {first_line}")))
+    # Ids first, the null id (if any) last: see _dt_events.
+    batch_ids = sorted(data.select("_sid").distinct().collect(), key=lambda r: (r[0] is None, r[0] or ""))
+    schemas = [_data_schema(row[0], by_id, latest, overrides, options) for row in batch_ids]
+    if schemas:
+        parts.append(_dt_events(data, schemas, options))
     return finish(reduce(DataFrame.unionByName, parts), NAME, F.col(_ERROR))
 
 
