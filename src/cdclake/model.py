@@ -259,7 +259,8 @@ def sortable_decimal(digits: Column, width: int = 24) -> Column:
     Left-pads to ``width`` so that string order equals numeric order. Text that is not all digits, or is longer
     than ``width``, yields null (the decoder reports it).
     """
-    trimmed = F.ltrim(digits, F.lit("0"))
+    # Not F.ltrim(digits, "0"): Spark 4 logs a deprecation warning for the two-argument form on every resolution.
+    trimmed = F.regexp_replace(digits, r"^0+", "")
     clean = F.when(trimmed == "", F.lit("0")).otherwise(trimmed)
     return F.when(digits.rlike(r"^\d+$") & (F.length(clean) <= width), F.lpad(clean, width, "0"))
 

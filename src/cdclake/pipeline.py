@@ -24,9 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import TypeVar
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
@@ -266,13 +267,13 @@ class Pipeline:
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
         result = BatchResult(batch_id)
         with result.timed("decode"):
-            counts = events.groupBy(F.col(model.OP), F.col(model.ERROR).isNotNull().alias("bad")).count().collect()
-        for row in counts:
-            result.messages += row["count"]
+            summary = _summary(events)
+        for row in summary:
+            result.messages += row["n"]
             if row["bad"]:
-                result.dead_letters += row["count"]
+                result.dead_letters += row["n"]
             else:
-                result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["count"]
+                result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["n"]
         if result.messages == 0:
             return result
         if result.dead_letters:
@@ -289,7 +290,7 @@ class Pipeline:
             with result.timed("schema_changes"):
                 self._schema_changes(good, schema_events, batch_id, txn, result)
         with result.timed("progress"):
-            self._progress(good, batch_id, txn)
+            self._progress(summary, batch_id, txn)
         if batch_id % 100 == 0:
             with result.timed("expire_tombstones"):
                 self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
@@ -738,64 +739,103 @@ class Pipeline:
         )
         self.sink.append(SCHEMA_CHANGES, frame, txn)
 
-    def _progress(self, good: DataFrame, batch_id: int, txn: Txn | None) -> None:
+    def _progress(self, summary: Sequence[Row], batch_id: int, txn: Txn | None) -> None:
         """Per table: events by op, last position, last event time. Per Kafka partition: last offset and the
-        newest event time of any event, heartbeats included (the source is read up to that time)."""
-        common = [
+        newest event time of any event, heartbeats included (the source is read up to that time).
+
+        Rolled up on the driver from the batch's :func:`_summary` (a few rows per table and partition): the events
+        are not read again for it."""
+        tables: dict[tuple[str | None, str | None, str], _Totals] = {}
+        streams: dict[tuple[str, int], _Totals] = {}
+        for row in summary:
+            if row["bad"]:
+                continue
+            if row[model.TABLE] is not None:
+                table = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                tables.setdefault(table, _Totals()).add(row)
+            streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).add(row)
+        rows = [
+            ("table", *table, None, None, None, *totals.figures(), totals.last_position)
+            for table, totals in tables.items()
+        ] + [
+            ("stream", None, None, None, *stream, totals.last_offset, *totals.figures(), None)
+            for stream, totals in streams.items()
+        ]
+        frame = self.spark.createDataFrame(rows, _PROGRESS_ROLLUP).select(
             F.lit(self.settings.name).alias("pipeline"),
             F.lit(batch_id).cast("bigint").alias("batch_id"),
             F.current_timestamp().alias("recorded_at"),
-        ]
-        op_counts = F.map_from_entries(F.collect_list(F.struct(F.col("op"), F.col("n"))))
-        tables = (
-            good.where(F.col(model.TABLE).isNotNull())
-            .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.OP)
-            .agg(F.count("*").alias("n"), F.max(model.POSITION).alias("p"), F.max(model.EVENT_TIME).alias("t"))
-            .groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
-            .agg(
-                op_counts.alias("ops"),
-                F.sum("n").alias("events"),
-                F.max("p").alias("last_position"),
-                F.max("t").alias("last_event_time"),
-            )
-            .select(
-                *common,
-                F.lit("table").alias("scope"),
-                model.DATABASE,
-                model.SCHEMA,
-                model.TABLE,
-                F.lit(None).cast("string").alias("topic"),
-                F.lit(None).cast("int").alias("partition"),
-                F.lit(None).cast("bigint").alias("last_offset"),
-                "events",
-                "ops",
-                "last_position",
-                "last_event_time",
-            )
+            "scope",
+            "database",
+            "schema",
+            "table",
+            "topic",
+            "partition",
+            "last_offset",
+            "events",
+            "ops",
+            "last_position",
+            F.timestamp_micros("last_event_micros").alias("last_event_time"),
         )
-        streams = (
-            good.groupBy(model.TOPIC, model.PARTITION, model.OP)
-            .agg(F.count("*").alias("n"), F.max(model.OFFSET).alias("o"), F.max(model.EVENT_TIME).alias("t"))
-            .groupBy(model.TOPIC, model.PARTITION)
-            .agg(
-                op_counts.alias("ops"),
-                F.sum("n").alias("events"),
-                F.max("o").alias("last_offset"),
-                F.max("t").alias("last_event_time"),
-            )
-            .select(
-                *common,
-                F.lit("stream").alias("scope"),
-                F.lit(None).cast("string").alias("database"),
-                F.lit(None).cast("string").alias("schema"),
-                F.lit(None).cast("string").alias("table"),
-                model.TOPIC,
-                model.PARTITION,
-                "last_offset",
-                "events",
-                "ops",
-                F.lit(None).cast("string").alias("last_position"),
-                "last_event_time",
-            )
+        self.sink.append(PROGRESS, frame, txn)
+
+
+_PROGRESS_ROLLUP = (
+    "scope string, database string, schema string, table string, topic string, partition int, last_offset bigint, "
+    "events bigint, ops map<string,bigint>, last_event_micros bigint, last_position string"
+)
+
+
+def _summary(events: DataFrame) -> list[Row]:
+    """The batch's events counted by op, table, Kafka partition and whether they failed, with the last position,
+    offset and event time (as epoch microseconds) of each group: the figures of the batch result and of the
+    progress rows, in one pass over the events."""
+    return (
+        events.groupBy(
+            F.col(model.OP),
+            F.col(model.ERROR).isNotNull().alias("bad"),
+            model.DATABASE,
+            model.SCHEMA,
+            model.TABLE,
+            model.TOPIC,
+            model.PARTITION,
         )
-        self.sink.append(PROGRESS, tables.unionByName(streams), txn)
+        .agg(
+            F.count("*").alias("n"),
+            F.max(model.POSITION).alias("position"),
+            F.max(model.OFFSET).alias("offset"),
+            F.unix_micros(F.max(model.EVENT_TIME)).alias("event_micros"),
+        )
+        .collect()
+    )
+
+
+_Ordered = TypeVar("_Ordered", str, int)
+
+
+@dataclass
+class _Totals:
+    """One progress row's figures, summed over summary rows."""
+
+    ops: dict[str, int] = field(default_factory=dict)
+    last_position: str | None = None
+    last_offset: int | None = None
+    last_event_micros: int | None = None
+
+    def add(self, row: Row) -> None:
+        self.ops[row[model.OP]] = self.ops.get(row[model.OP], 0) + row["n"]
+        self.last_position = _newest(self.last_position, row["position"])
+        self.last_offset = _newest(self.last_offset, row["offset"])
+        self.last_event_micros = _newest(self.last_event_micros, row["event_micros"])
+
+    def figures(self) -> tuple[int, dict[str, int], int | None]:
+        """(events, events by op, last event time)."""
+        return sum(self.ops.values()), self.ops, self.last_event_micros
+
+
+def _newest(current: _Ordered | None, value: _Ordered | None) -> _Ordered | None:
+    """The larger of two values, ignoring nulls (as SQL max does; Python orders str by code point, Spark by UTF-8
+    bytes: the same order)."""
+    if value is None:
+        return current
+    return value if current is None or value > current else current

@@ -348,8 +348,9 @@ def _datetime_value(text: Column) -> tuple[Column, Column]:
 
 
 def _decimal_fits(text: Column, precision: Column, scale: Column) -> Column:
-    integer_digits = F.length(F.ltrim(F.regexp_extract(text, _PLAIN_DECIMAL, 1), F.lit("0")))
-    fraction_digits = F.length(F.rtrim(F.regexp_extract(text, _PLAIN_DECIMAL, 2), F.lit("0")))
+    # Zeros stripped by expression, not the two-argument ltrim/rtrim (deprecated, a warning on every resolution).
+    integer_digits = F.length(F.regexp_replace(F.regexp_extract(text, _PLAIN_DECIMAL, 1), r"^0+", ""))
+    fraction_digits = F.length(F.regexp_replace(F.regexp_extract(text, _PLAIN_DECIMAL, 2), r"0+$", ""))
     return (
         text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)$") & (integer_digits <= precision - scale) & (fraction_digits <= scale)
     )
