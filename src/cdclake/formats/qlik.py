@@ -465,19 +465,12 @@ def typed_image(entries: Column, image: Column, columns: Column) -> Column:
 # Shared header helpers
 
 
-def mask_bit(mask: Column, ordinal: Column | int) -> Column:
+def mask_bit(mask: Column, ordinal: Column) -> Column:
     """qlik.md 4: whether the bit of 1-based ``ordinal`` is set in the hex ``mask`` (first byte = ordinals 1-8,
-    least significant bit first). Bits beyond the mask's length are 0. A known ``ordinal`` (qlik-avro's data
-    fields) makes the byte's place and the bit constants."""
-    if isinstance(ordinal, int):
-        byte = F.conv(F.substring(mask, (ordinal - 1) // 8 * 2 + 1, 2), 16, 10).cast("int")
-        bit: Column = F.lit((ordinal - 1) % 8)
-    else:
-        index = ordinal - 1
-        byte_hex = F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2)
-        byte = F.conv(byte_hex, 16, 10).cast("int")
-        bit = (index % 8).cast("int")
-    return F.coalesce(F.getbit(byte, bit) == 1, F.lit(False))
+    least significant bit first). Bits beyond the mask's length are 0."""
+    index = ordinal - 1
+    byte = F.conv(F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2), 16, 10).cast("int")
+    return F.coalesce(F.getbit(byte, (index % 8).cast("int")) == 1, F.lit(False))
 
 
 def _captured(image: Column, mask: Column) -> Column:
