@@ -81,3 +81,23 @@ def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> Non
     for path in (lake / "crm" / "t", lake / "_cdclake" / "progress", lake / "_cdclake" / "tombstones"):
         properties = DeltaTable.forPath(spark, str(path)).detail().first()["properties"]  # type: ignore[index]
         assert properties.get("delta.autoOptimize.autoCompact") == "true", path
+
+
+def test_a_rewrite_to_a_type_without_statistics_unlists_the_column(spark, tmp_path: Path) -> None:
+    """A key-less table keeps statistics on every column; retyping one to binary (a TEXT/BLOB column created from
+    a NULL, then given values) must take it out of delta.dataSkippingStatsColumns, which Delta checks on write."""
+    from pyspark.sql import functions as F
+
+    from cdclake.apply import TablePlan
+    from cdclake.sinks.delta import DeltaSink
+
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    plan = TablePlan("db.t", "db", None, "t", [("note", "string"), ("detail", "string")], [])
+    sink.ensure_table(plan)
+    before = DeltaTable.forPath(spark, sink.table_path("db", None, "t")).detail().collect()[0]["properties"]
+    assert before["delta.dataSkippingStatsColumns"] == "`note`,`detail`,_cdc_position"
+    retyped = [("note", F.col("note")), ("detail", F.col("detail").cast("binary"))]
+    sink.rewrite("db", None, "t", retyped, None, key_columns=[])
+    after = DeltaTable.forPath(spark, sink.table_path("db", None, "t")).detail().collect()[0]["properties"]
+    assert after["delta.dataSkippingStatsColumns"] == "`note`,_cdc_position"
+    assert sink.columns("db", None, "t") == [("note", "string"), ("detail", "binary")]

@@ -259,7 +259,19 @@ class TablePlan:
     ddl_count: int = 0
     row_events: int = 0
     declared_types: dict[str, set[str]] = field(default_factory=dict)
-    """Lower-cased column name -> every Spark type the batch's messages declare for it (usually one)."""
+    """Lower-cased column name -> every Spark type the batch's messages declare for it along with a value (usually
+    one). A type declared only next to NULLs may be a vendor's guess (dts.md 1.7: TEXT and BLOB share their codes),
+    and must not retype a column (cdclake.evolve.SchemaEvolution.reconcile_types)."""
+
+
+def _valued_columns() -> Column:
+    """Names of the declared columns that have a value (not NULL) in the event's before or after image."""
+    after, before = F.col(model.AFTER), F.col(model.BEFORE)
+
+    def has_value(column: Column) -> Column:
+        return F.coalesce(after[column["name"]].isNotNull() | before[column["name"]].isNotNull(), F.lit(False))
+
+    return F.filter(F.col(model.COLUMNS), has_value)["name"]
 
 
 def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
@@ -277,9 +289,11 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             effective_order(relevant).alias(ORDER),
             F.col(model.COLUMNS),
             keys.alias("keys"),
+            _valued_columns().alias("valued"),
         )
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
+            F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
             F.max(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("last_order"),
             F.max_by(F.col("keys"), F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias(
                 "keys"
@@ -291,6 +305,10 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         .collect()
     )
     plans: dict[tuple[str | None, str | None, str], TablePlan] = {}
+    # Per table, the columns whose type so far comes only from messages without a value for them: a type declared
+    # with a value wins over it (the newest message may carry a NULL typed by a vendor's fallback, e.g. DTS's
+    # TEXT/BLOB codes, dts.md 1.7).
+    unvalued: dict[tuple[str | None, str | None, str], set[str]] = {}
     newest_first = sorted(summary, key=lambda r: r["last_order"] or "", reverse=True)
     for row in newest_first:
         ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
@@ -305,13 +323,21 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
                 key_columns=list(row["keys"] or []),
             )
             plans[ident] = plan
-        known = {name.lower(): spark_type for name, spark_type in plan.columns}
+        known = {name.lower(): index for index, (name, _) in enumerate(plan.columns)}
+        valued = {name.lower() for name in row["valued"] or []}
+        guessed = unvalued.setdefault(ident, set())
         for column in row[model.COLUMNS] or []:
-            name, spark_type = column["name"], column["spark_type"]
-            if name.lower() not in known:
+            name, spark_type, lower = column["name"], column["spark_type"], column["name"].lower()
+            if lower not in known:
+                known[lower] = len(plan.columns)
                 plan.columns.append((name, spark_type))
-                known[name.lower()] = spark_type
-            plan.declared_types.setdefault(name.lower(), set()).add(spark_type)
+                if lower not in valued:
+                    guessed.add(lower)
+            elif lower in guessed and lower in valued:
+                plan.columns[known[lower]] = (plan.columns[known[lower]][0], spark_type)
+                guessed.discard(lower)
+            if lower in valued:
+                plan.declared_types.setdefault(lower, set()).add(spark_type)
         if not plan.key_columns and row["keys"]:
             plan.key_columns = list(row["keys"])
         if row["truncate_order"] and (plan.truncate_order or "") < row["truncate_order"]:

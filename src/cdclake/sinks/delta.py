@@ -31,7 +31,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
-from cdclake.spark import session_settings
+from cdclake.spark import local_frame, session_settings
 
 POSITION_COLUMN: Final = "_cdc_position"
 """Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
@@ -86,7 +86,12 @@ def _stats_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str
     or every column of a key-less table, at most 31) that have min/max statistics, plus the position."""
     types = {name.lower(): spark_type for name, spark_type in columns}
     matched = list(key_columns) or [name for name, _ in columns][:31]
-    return [quote(k) for k in matched if types.get(k.lower()) not in (None, "binary", "boolean")] + [POSITION_COLUMN]
+    return [quote(k) for k in matched if _has_statistics(types.get(k.lower()))] + [POSITION_COLUMN]
+
+
+def _has_statistics(spark_type: str | None) -> bool:
+    """Whether Delta keeps min/max statistics for a column of this type (none for binary or boolean)."""
+    return spark_type not in (None, "binary", "boolean")
 
 
 def quote(identifier: str) -> str:
@@ -245,7 +250,9 @@ class DeltaSink:
         path = self.table_path(database, schema, table)
         current = self.spark.read.format("delta").load(path)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
-        writer = current.select(*selected).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        rows = current.select(*selected)
+        self._unlist_statistics_of_retyped(database, schema, table, rows.schema)
+        writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
         writer.save(path)
@@ -259,6 +266,29 @@ class DeltaSink:
                 f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}, "
                 f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(stats))})"
             )
+
+    def _unlist_statistics_of_retyped(
+        self, database: str | None, schema: str | None, table: str, new_schema: StructType
+    ) -> None:
+        """Takes the columns that a rewrite gives a type without min/max statistics (e.g. string -> binary) out of
+        ``delta.dataSkippingStatsColumns`` first: Delta refuses to write a listed column of such a type
+        (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_TYPE). The rewrite then sets the list for its new columns."""
+        new_types = {f.name.lower(): f.dataType.simpleString() for f in new_schema.fields}
+        stored = self.columns(database, schema, table) or []
+        losing = {
+            name.lower()
+            for name, spark_type in stored
+            if _has_statistics(spark_type) and not _has_statistics(new_types.get(name.lower(), spark_type))
+        }
+        if not losing:
+            return
+        kept = [(name, spark_type) for name, spark_type in stored if name.lower() not in losing]
+        keys = [k for k in self.key_columns(database, schema, table) if k.lower() not in losing]
+        path = self.table_path(database, schema, table)
+        self.spark.sql(
+            f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ("
+            f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(_stats_columns(kept, keys)))})"
+        )
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         """The key columns recorded when cdclake created the table."""
@@ -287,7 +317,8 @@ class DeltaSink:
         events older than that order never bring rows back."""
         if self._exists(self.table_path(plan.database, plan.schema, plan.table)):
             self.truncate(plan, txn)
-        empty = self.spark.createDataFrame(
+        empty = local_frame(
+            self.spark,
             [],
             f"{apply.TABLE_ID} string, {apply.ROW_KEY} string, {apply.KIND} string, {apply.ORDER} string, "
             f"{model.EVENT_TIME} timestamp",
@@ -447,7 +478,7 @@ class DeltaSink:
         )
         if truncates:
             rows = [(p.table_id, "", p.truncate_order) for p in truncates]
-            marks = self.spark.createDataFrame(rows, "table_id string, row_key string, position string")
+            marks = local_frame(self.spark, rows, "table_id string, row_key string, position string")
             deleted = deleted.unionByName(marks.select("*", F.lit(None).cast("timestamp").alias("event_time")))
         self.append(self.TOMBSTONES, deleted.withColumn("recorded_at", now), txn)
 
