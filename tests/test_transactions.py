@@ -20,6 +20,7 @@ from cdclake.config import parse_config
 from cdclake.devtools.verify import compare_lake, describe, read_table
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline import PENDING_TRANSACTIONS, Pipeline, PipelineSettings
+from cdclake.spark import local_frame
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
 from cdclake.workload.dataworks import dumps, heartbeat
 
@@ -85,7 +86,7 @@ def _assert_lake_equals(lake: str, truth: dict[tuple[str, str], list[dict[str, A
 
 def _frame(spark, messages: list[Message], first_offset: int, topic: str = TOPIC, partition: int = 0):  # type: ignore[no-untyped-def]
     rows = [(m.key, m.value, topic, partition, first_offset + i, None) for i, m in enumerate(messages)]
-    return spark.createDataFrame(rows, MESSAGE_SCHEMA)
+    return local_frame(spark, rows, MESSAGE_SCHEMA)
 
 
 def _pipeline(spark, lake: str, **settings: Any) -> Pipeline:  # type: ignore[no-untyped-def]

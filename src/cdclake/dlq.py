@@ -46,6 +46,7 @@ from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import get_format
 from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks.delta import DeltaSink
+from cdclake.spark import local_frame
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +415,7 @@ def _replay_group(
     for path, count in result.applied.items():
         changes[path] = changes.get(path, 0) + count
     if not failed_again:
-        return spark.createDataFrame([], "topic string, partition int, offset bigint, reason string")
+        return local_frame(spark, [], "topic string, partition int, offset bigint, reason string")
     # A message can fail twice in one batch (one event undecodable, another a misfit): one outcome per message.
     return reduce(DataFrame.unionByName, failed_again).groupBy(*IDENTITY).agg(F.min("reason").alias("reason"))
 

@@ -44,6 +44,7 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn
+from cdclake.spark import local_frame
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class Pipeline:
             self._metadata = {(m.format, m.schema_id): m for m in loaded}
         new = [m for m in found if (m.format, m.schema_id) not in self._metadata]
         if new:
-            frame = self.spark.createDataFrame([m.as_row() for m in new], METADATA_SCHEMA).select(
+            frame = local_frame(self.spark, [m.as_row() for m in new], METADATA_SCHEMA).select(
                 "*", F.lit(self.settings.name).alias("pipeline"), F.current_timestamp().alias("recorded_at")
             )
             # One append per format and batch: a batch re-run after a crash skips it (and finds them stored).
@@ -731,7 +732,7 @@ class Pipeline:
             model.OFFSET,
         )
         rows = [(*(e.row[c] for c in columns), e.outcome) for e in events]
-        frame = self.spark.createDataFrame(rows, SCHEMA_CHANGE_ROW).select(
+        frame = local_frame(self.spark, rows, SCHEMA_CHANGE_ROW).select(
             F.lit(self.settings.name).alias("pipeline"),
             F.lit(batch_id).cast("bigint").alias("batch_id"),
             F.current_timestamp().alias("recorded_at"),
@@ -761,7 +762,7 @@ class Pipeline:
             ("stream", None, None, None, *stream, totals.last_offset, *totals.figures(), None)
             for stream, totals in streams.items()
         ]
-        frame = self.spark.createDataFrame(rows, _PROGRESS_ROLLUP).select(
+        frame = local_frame(self.spark, rows, _PROGRESS_ROLLUP).select(
             F.lit(self.settings.name).alias("pipeline"),
             F.lit(batch_id).cast("bigint").alias("batch_id"),
             F.current_timestamp().alias("recorded_at"),

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from cdclake.cli.main import app
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from cdclake.status import lake_status
@@ -108,12 +110,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([cdclake, *args], capture_output=True, text=True, timeout=600, check=False)
 
 
-def test_cli_replay_prints_counts_and_exits_zero(lake, tmp_path: Path) -> None:
+def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path) -> None:
+    """In this process, with the test session (the one `cdclake replay` takes when one is active): a new process
+    costs a Spark start, and the bad-argument cases below already run the installed `cdclake` command."""
     history, messages = workload(seed=16, events=60)
     path = write_lines(tmp_path / "dw.jsonl", messages)
     history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
-    done = _cli("replay", "--format", "auto", "--lake", lake, *history_flags, str(path))
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(app, ["replay", "--format", "auto", "--lake", lake, *history_flags, str(path)])
+    assert done.exit_code == 0, done.output
     assert "detected dataworks-json" in done.stderr
     assert "crm/customer" in done.stdout
     assert "3 dead letters" in done.stdout

@@ -15,6 +15,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from cdclake.spark import local_frame
+
 CASES = Path(__file__).resolve().parents[1] / "cases"
 
 EXPECTED_FIELDS = (
@@ -56,8 +58,8 @@ def message_bytes(line: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
 
 def messages_frame(spark: SparkSession, lines: list[dict[str, Any]], topic: str = "golden") -> DataFrame:
     rows = [(*message_bytes(line), topic, 0, offset, None) for offset, line in enumerate(lines)]
-    return spark.createDataFrame(
-        rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+    return local_frame(
+        spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
     )
 
 

@@ -73,6 +73,7 @@ from cdclake.formats.base import (
     op_from_code,
 )
 from cdclake.model import Op
+from cdclake.spark import local_frame
 
 NAME: Final = "qlik-json"
 MAGIC: Final = "atMSG"
@@ -281,7 +282,7 @@ def metadata_frame(spark: SparkSession, tables: Sequence[QlikTable]) -> DataFram
         )
         for t in tables
     ]
-    return spark.createDataFrame(rows, _MD_FRAME_SCHEMA)
+    return local_frame(spark, rows, _MD_FRAME_SCHEMA)
 
 
 def join_metadata(

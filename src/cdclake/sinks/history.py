@@ -61,6 +61,7 @@ from cdclake.sinks.delta import (
     quote,
     with_table_properties,
 )
+from cdclake.spark import local_frame
 
 log = logging.getLogger(__name__)
 
@@ -566,7 +567,7 @@ class HistorySink:
         stored_markers = open_rows.where(F.col(ROW_KEY_COLUMN).isNull()).select(
             F.col(VALID_FROM_COLUMN).alias("_order"), F.col(VALID_FROM_TIME_COLUMN).alias("_time")
         )
-        batch_markers = self.spark.createDataFrame(list(truncates), "_order string, _time timestamp")
+        batch_markers = local_frame(self.spark, truncates, "_order string, _time timestamp")
         markers = stored_markers.unionByName(batch_markers).groupBy("_order").agg(F.min("_time").alias("_time"))
         keys_in_play = stored_events.select("_key").unionByName(new_events.select("_key")).distinct()
         marker_events = keys_in_play.crossJoin(F.broadcast(markers)).select(
