@@ -7,6 +7,9 @@ Two situations, one code path:
   folder in ``CDCLAKE_JARS_DIR``), minus any jar pyspark already ships, plus Delta's SQL extension and catalog.
 * **Cluster (spark-submit, YARN, Kubernetes).** The user passes the same Maven coordinates with ``--packages``
   (:data:`MAVEN_PACKAGES`); cdclake only takes the existing session and sets nothing that the submitter owns.
+
+Also :func:`local_frame`, which turns a few driver-side rows (progress, schema changes, tombstone marks) into a
+DataFrame inside the JVM, at a fraction of what ``createDataFrame`` costs per call.
 """
 
 from __future__ import annotations

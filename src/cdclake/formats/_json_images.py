@@ -8,6 +8,7 @@ evaluates each large expression once per row.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Final
 
@@ -320,25 +321,32 @@ def image_stages(
         available(payload["before"]).alias("_before_in"),
         F.coalesce(F.size(available(payload["after"])) < F.size(payload["after"]), F.lit(False)).alias("_partial"),
     )
-    staged = staged.select(
-        "*", F.map_from_entries(F.transform(F.col("_fields"), lambda f: F.struct(f["field"], f))).alias("_info")
-    )
-    info = F.col("_info")
-
-    def pairs(image: Column) -> Column:
-        return F.transform_values(
-            image,
-            lambda k, v: let(
-                F.struct(info[k].alias("i"), v.cast("string").alias("raw")),
-                lambda c: F.struct(
-                    c["raw"].alias("raw"),
-                    F.when(c["i"].isNotNull(), canonical_value(v, c["i"], c["raw"])).otherwise(c["raw"]).alias("text"),
-                ),
-            ),
-        )
-
+    staged = staged.select("*", _field_index())
     return staged.select(
-        "*", pairs(F.col("_after_in")).alias("_after_pairs"), pairs(F.col("_before_in")).alias("_before_pairs")
+        "*", _typed_pairs("_after_in").alias("_after_pairs"), _typed_pairs("_before_in").alias("_before_pairs")
+    )
+
+
+# Built once per process and reused by every batch (no Column argument: see cdclake.formats.base's module doc).
+@functools.cache
+def _field_index() -> Column:
+    """``_info``: the staged ``_fields`` by column name."""
+    return F.map_from_entries(F.transform(F.col("_fields"), lambda f: F.struct(f["field"], f))).alias("_info")
+
+
+@functools.cache
+def _typed_pairs(image_name: str) -> Column:
+    """The staged image ``image_name`` as column -> ``struct<raw, text>`` (see :func:`image_stages`)."""
+    info = F.col("_info")
+    return F.transform_values(
+        F.col(image_name),
+        lambda k, v: let(
+            F.struct(info[k].alias("i"), v.cast("string").alias("raw")),
+            lambda c: F.struct(
+                c["raw"].alias("raw"),
+                F.when(c["i"].isNotNull(), canonical_value(v, c["i"], c["raw"])).otherwise(c["raw"]).alias("text"),
+            ),
+        ),
     )
 
 

@@ -4,10 +4,17 @@ A format turns a DataFrame of raw messages (:data:`MESSAGE_COLUMNS`) into canoni
 (:data:`cdclake.model.CANONICAL_SCHEMA`) with Spark SQL expressions only: the JVM does all per-row work, no Python
 function runs per message. Formats end with :func:`finish`, which adds the checks every format needs (identifiers,
 value types, keys) so that a bad message becomes a dead letter with a reason instead of failing the batch.
+
+Expressions that depend only on constants (column names, the format's name) are built once per process
+(``functools.cache``) and reused by every batch: building a Column costs one or more Py4J round trips per function,
+about 0.3-0.7 s per decoder on the driver, and a Column is an immutable expression tree that belongs to no
+DataFrame or session. Only builders that take no Column argument (hashable constants only) are cached; one built
+from ``df["name"]`` would be tied to its DataFrame.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -281,12 +288,18 @@ def _stage_checks(df: DataFrame) -> DataFrame:
     Staged, because Spark evaluates an expression again wherever it occurs: inside a lambda (once per element) and
     in each condition of the ``first_error`` CASE. Only row events are checked, so the rest get nulls.
     """
+    first, second = _check_stages()
+    return df.select("*", *first).select("*", *second)
+
+
+@functools.cache
+def _check_stages() -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """The two staged column lists of :func:`_stage_checks` (built once per process, see the module doc)."""
     op, columns = F.col(model.OP), F.col(model.COLUMNS)
     is_row_op = op.isin(*(o.value for o in model.ROW_OPS))
     names = F.when(is_row_op, columns["name"])
     declared_names = F.coalesce(names, F.array().cast("array<string>"))
-    first = df.select(
-        "*",
+    first = (
         F.coalesce(is_row_op, F.lit(False)).alias(_IS_ROW_OP),
         names.alias(_NAMES),
         declared_names.alias(_DECLARED),
@@ -326,8 +339,7 @@ def _stage_checks(df: DataFrame) -> DataFrame:
         )
         return F.when(row & image.isNotNull(), F.when(aligned(image_name), by_position).otherwise(by_name))
 
-    return first.select(
-        "*",
+    second = (
         F.when(_names_may_be_bad(declared), F.filter(F.col(_NAMES), _bad_column_name))
         .otherwise(F.when(row, F.array().cast("array<string>")))
         .alias(_BAD_NAMES),
@@ -336,8 +348,10 @@ def _stage_checks(df: DataFrame) -> DataFrame:
         invalid(model.AFTER).alias(_INVALID_AFTER),
         invalid(model.BEFORE).alias(_INVALID_BEFORE),
     )
+    return first, second
 
 
+@functools.cache
 def _checks() -> Column:
     """Errors every format must detect, in the order they are reported (over the columns of :func:`_stage_checks`)."""
     op, table, columns = F.col(model.OP), F.col(model.TABLE), F.col(model.COLUMNS)
@@ -415,21 +429,33 @@ def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
         format_error: the format's own error (malformed envelope, unknown op...), null when fine; it wins over
             the shared checks.
     """
-    present = set(df.columns)
+    # Keyed by the canonical columns present only: helper columns vary with the format's intermediate steps.
+    present = frozenset(model.CANONICAL_COLUMNS).intersection(df.columns)
+    projection, final = _canonical_projection(format_name, present)
+    projected = _stage_checks(df.select(*projection, format_error.alias("_format_error")))
+    return projected.select(*final).select(*model.CANONICAL_COLUMNS)
+
+
+_RENAMED_FROM_MESSAGE: Final = {
+    model.TOPIC: "topic",
+    model.PARTITION: "partition",
+    model.OFFSET: "offset",
+    model.KAFKA_TIMESTAMP: "timestamp",
+    model.RAW_KEY: MESSAGE_KEY,
+    model.RAW_VALUE: MESSAGE_VALUE,
+}
+
+
+@functools.cache
+def _canonical_projection(format_name: str, present: frozenset[str]) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """:func:`finish`'s two projections for a frame with the columns ``present`` (built once, see the module doc):
+    onto the canonical schema (the error aside), then from the staged checks to the canonical columns."""
     selected: list[Column] = []
-    renamed_from_message = {
-        model.TOPIC: "topic",
-        model.PARTITION: "partition",
-        model.OFFSET: "offset",
-        model.KAFKA_TIMESTAMP: "timestamp",
-        model.RAW_KEY: MESSAGE_KEY,
-        model.RAW_VALUE: MESSAGE_VALUE,
-    }
     for fld in model.CANONICAL_SCHEMA.fields:
         if fld.name == model.FORMAT:
             column = F.lit(format_name)
-        elif fld.name in renamed_from_message:
-            column = F.col(renamed_from_message[fld.name])
+        elif fld.name in _RENAMED_FROM_MESSAGE:
+            column = F.col(_RENAMED_FROM_MESSAGE[fld.name])
         elif fld.name == model.ERROR:
             continue
         elif fld.name in present:
@@ -441,8 +467,6 @@ def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
         else:
             column = F.lit(None)
         selected.append(column.cast(fld.dataType).alias(fld.name))
-    projected = _stage_checks(df.select(*selected, format_error.alias("_format_error")))
     error = F.coalesce(F.col("_format_error"), _checks())
-    return projected.select(
-        *(F.col(c) for c in model.CANONICAL_COLUMNS if c != model.ERROR), error.alias(model.ERROR)
-    ).select(*model.CANONICAL_COLUMNS)
+    final = (*(F.col(c) for c in model.CANONICAL_COLUMNS if c != model.ERROR), error.alias(model.ERROR))
+    return tuple(selected), final

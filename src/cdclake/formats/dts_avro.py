@@ -26,6 +26,7 @@ Decisions where the spec leaves room (documented for users):
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Final
 
@@ -374,6 +375,29 @@ def _position(source_position: Column, record_id: Column) -> Column:
     )
 
 
+def _record_fields(r: Column) -> Column:
+    """The record's field list (name, type code); empty when the record has none."""
+    return F.coalesce(r["fields"]["member1"], F.array().cast("array<struct<name:string,dataTypeNumber:int>>"))
+
+
+@functools.cache
+def _aligned_images() -> tuple[Column, Column]:
+    """``_before`` and ``_after``: each field of the staged record ``_r`` with its converted image value. Built once
+    per process (no Column argument: see cdclake.formats.base's module doc); the conversion is the largest
+    expression of the decoder."""
+    r, is_mysql, is_pg = F.col("_r"), F.col("_is_mysql"), F.col("_is_pg")
+    ctx = {"is_mysql": is_mysql, "is_pg": is_pg, "nanos": ~(is_mysql | is_pg)}
+    fields = _record_fields(r)
+
+    def aligned(items: Column) -> Column:
+        return av.align(fields, items, lambda f, item: _convert(f["dataTypeNumber"], item, ctx))
+
+    return (
+        aligned(r["beforeImages"]["member1"]).alias("_before"),
+        aligned(r["afterImages"]["member1"]).alias("_after"),
+    )
+
+
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """DTS Avro messages -> canonical events (one per message)."""
     del options  # the format has none
@@ -403,15 +427,9 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.from_json(r["tags"]["pk_uk_info"], "MAP<STRING, ARRAY<STRING>>").alias("_uniques"),
     )
     is_mysql, is_pg = F.col("_is_mysql"), F.col("_is_pg")
-    ctx = {"is_mysql": is_mysql, "is_pg": is_pg, "nanos": ~(is_mysql | is_pg)}
-    empty_fields = F.array().cast("array<struct<name:string,dataTypeNumber:int>>")
-    fields = F.coalesce(r["fields"]["member1"], empty_fields)
+    fields = _record_fields(r)
     before_items, after_items = r["beforeImages"]["member1"], r["afterImages"]["member1"]
-
-    def aligned(items: Column) -> Column:
-        return av.align(fields, items, lambda f, item: _convert(f["dataTypeNumber"], item, ctx))
-
-    with_images = parsed.select("*", aligned(before_items).alias("_before"), aligned(after_items).alias("_after"))
+    with_images = parsed.select("*", *_aligned_images())
     before, after = F.col("_before"), F.col("_after")
     mysql_types, pg_types = _code_map(MYSQL_TYPES), _code_map(PG_TYPES)
 

@@ -260,12 +260,7 @@ class DeltaSink:
         if key_columns is not None:
             types = {name.lower(): t for name, t in self.columns(database, schema, table) or []}
             keys = [k for k in key_columns if k.lower() in types]
-            stats = _stats_columns(self.columns(database, schema, table) or [], keys)
-            self.spark.sql(
-                f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ("
-                f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}, "
-                f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(stats))})"
-            )
+            self._set_statistics_columns(path, self.columns(database, schema, table) or [], keys, record_keys=True)
 
     def _unlist_statistics_of_retyped(
         self, database: str | None, schema: str | None, table: str, new_schema: StructType
@@ -284,11 +279,17 @@ class DeltaSink:
             return
         kept = [(name, spark_type) for name, spark_type in stored if name.lower() not in losing]
         keys = [k for k in self.key_columns(database, schema, table) if k.lower() not in losing]
-        path = self.table_path(database, schema, table)
-        self.spark.sql(
-            f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ("
-            f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(_stats_columns(kept, keys)))})"
-        )
+        self._set_statistics_columns(self.table_path(database, schema, table), kept, keys, record_keys=False)
+
+    def _set_statistics_columns(
+        self, path: str, columns: Sequence[tuple[str, str]], keys: Sequence[str], *, record_keys: bool
+    ) -> None:
+        """Sets ``delta.dataSkippingStatsColumns`` for ``columns`` (see :func:`_stats_columns`) and, with
+        ``record_keys``, the recorded key columns (``cdclake.keyColumns``)."""
+        properties = [f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(_stats_columns(columns, keys)))}"]
+        if record_keys:
+            properties.insert(0, f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}")
+        self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         """The key columns recorded when cdclake created the table."""
