@@ -248,10 +248,7 @@ class Pipeline:
             return self._process_complete_transactions(messages, batch_id, marker)
         started = time.perf_counter()
         events = self._decoded(messages, marker)
-        decoding = time.perf_counter() - started
-        result = self._process(events, batch_id, marker)
-        result.seconds["decode"] = result.seconds.get("decode", 0.0) + decoding
-        return result
+        return self._process(events, batch_id, marker, decoding=time.perf_counter() - started)
 
     def _decoded(self, messages: DataFrame, txn: Txn | None) -> DataFrame:
         """The batch's canonical events, ordered by ``sequence_by`` where configured, computed once.
@@ -265,8 +262,10 @@ class Pipeline:
         events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
         return events.localCheckpoint(eager=True)
 
-    def _process(self, events: DataFrame, batch_id: int, txn: Txn | None) -> BatchResult:
+    def _process(self, events: DataFrame, batch_id: int, txn: Txn | None, *, decoding: float) -> BatchResult:
+        """Applies decoded ``events``; ``decoding``: the seconds it took to decode them (the ``decode`` step)."""
         result = BatchResult(batch_id)
+        result.seconds["decode"] = decoding
         with result.timed("decode"):
             summary = _summary(events)
         for row in summary:
@@ -474,12 +473,14 @@ class Pipeline:
         pending = self._read_pending(batch_id)
         if pending.messages is not None:
             messages = pending.messages.unionByName(messages, allowMissingColumns=True)
+        started = time.perf_counter()
         events = self._decoded(messages, txn)
+        decoding = time.perf_counter() - started
         held: DataFrame | None = None
         try:
             held, held_count = self._held_coordinates(events)
             ready = events.join(held, _COORDINATES, "left_anti") if held_count else events
-            result = self._process(ready, batch_id, txn)
+            result = self._process(ready, batch_id, txn, decoding=decoding)
             # Nothing held before and nothing now: the stored generation says so already, no commit needed.
             if held_count or pending.held_messages:
                 self._write_pending(pending, events.join(held, _COORDINATES, "left_semi"), held_count, batch_id, txn)
