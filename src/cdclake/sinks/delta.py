@@ -258,9 +258,10 @@ class DeltaSink:
         writer.save(path)
         self._columns.pop(path, None)
         if key_columns is not None:
-            types = {name.lower(): t for name, t in self.columns(database, schema, table) or []}
-            keys = [k for k in key_columns if k.lower() in types]
-            self._set_statistics_columns(path, self.columns(database, schema, table) or [], keys, record_keys=True)
+            rewritten = self.columns(database, schema, table) or []
+            names = {name.lower() for name, _ in rewritten}
+            keys = [k for k in key_columns if k.lower() in names]
+            self._set_statistics_columns(path, rewritten, keys, record_keys=True)
 
     def _unlist_statistics_of_retyped(
         self, database: str | None, schema: str | None, table: str, new_schema: StructType
