@@ -69,7 +69,8 @@ EMBEDDED_CONF: Final = {
     # The throughput collector instead of G1: an embedded driver is one JVM doing all the work on a few cores, and
     # G1's write barriers and concurrent threads cost more than its shorter pauses save there (measured: 3-table
     # DataWorks micro-batches of 45 messages, warm, 2 cores: 36-39 s per replay with G1, 31-34 s with this).
-    # `defaultJavaOptions` so that a caller's `spark.driver.extraJavaOptions` is added, not replaced.
+    # `defaultJavaOptions` so that a caller's `spark.driver.extraJavaOptions` is added, not replaced; a caller who
+    # wants another collector overrides this key (naming two collectors stops the JVM from starting).
     "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
     "spark.sql.session.timeZone": "UTC",
     # A table's log replay in one task: each MERGE of a small table starts with one (100 tables: -14% batch time).
