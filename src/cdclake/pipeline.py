@@ -10,6 +10,9 @@ Per batch, in this order (each commit idempotent for the batch, see cdclake.sink
    opt-in history tables (changelog, SCD2) from the unfolded changes, see cdclake.sinks.history;
 5. tombstones, schema changes (DDL text as received) and progress rows.
 
+The bookkeeping appends of steps 1-5 (dead letters, tombstones, schema changes) go to a background writer while the
+lake work goes on; the batch waits for them before its progress rows, which come last (see :class:`_Bookkeeping`).
+
 In transaction-consistent mode (``PipelineSettings.transaction_consistent``) the messages held back by the previous
 batch are decoded first, together with the batch, and the messages of source transactions still open after it are
 held back again instead of applied (see :meth:`Pipeline._process_complete_transactions`).
@@ -18,9 +21,10 @@ held back again instead of applied (see :meth:`Pipeline._process_complete_transa
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
@@ -142,7 +146,8 @@ class BatchResult:
     ops: dict[str, int] = field(default_factory=dict)
     """canonical op -> events decoded."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """step -> wall-clock seconds spent in it (for tuning and benchmarks)."""
+    """step -> wall-clock seconds spent in it (for tuning and benchmarks). The background writes of the batch
+    (dead letters, tombstones, schema changes, see ``_Bookkeeping``) overlap the other steps."""
 
     @contextmanager
     def timed(self, step: str) -> Iterator[None]:
@@ -162,6 +167,47 @@ class _PendingGeneration:
     held_messages: int
     messages: DataFrame | None
     """The held raw messages; None when there are none."""
+
+
+class _Bookkeeping:
+    """The bookkeeping appends of one batch (dead letters, tombstones, schema changes), written in submission order
+    by one background thread while the batch's lake work goes on.
+
+    Each is a small Delta commit to a table under ``_cdclake`` that no other step of the batch reads or writes, so it
+    can overlap the MERGEs; mostly driver-side log I/O and job set-up, which leaves a core free for them. One thread:
+    two writes to the same table never race (nor do two creations of it). The batch waits for them (:meth:`join`)
+    before its progress rows: a batch whose progress is recorded has all its bookkeeping recorded. Each write keeps
+    its commit marker, so a re-run batch writes each once. Their seconds are counted under their own steps; the
+    ``bookkeeping`` step is what the batch waited for them at the end.
+    """
+
+    def __init__(self, result: BatchResult) -> None:
+        self.result = result
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdclake-bookkeeping")
+        self._pending: list[Future[None]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, step: str, write: Callable[..., None], *args: object) -> None:
+        def timed_write() -> None:
+            started = time.perf_counter()
+            try:
+                write(*args)
+            finally:
+                with self._lock:
+                    seconds = self.result.seconds
+                    seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - started
+
+        self._pending.append(self._pool.submit(timed_write))
+
+    def join(self) -> None:
+        """Waits for every submitted write; raises the first one's error."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        """Waits for the writes still running (a failed batch must not leave one racing its re-run), then stops."""
+        self._pool.shutdown(wait=True)
 
 
 class Pipeline:
@@ -185,6 +231,8 @@ class Pipeline:
         # Table definitions sent in their own messages (Qlik MD), by (format, schema id): loaded from the lake's
         # metadata table on first use, then kept up to date by decode (see _known_metadata).
         self._metadata: dict[tuple[str, str], TableMetadata] | None = None
+        # The background writer of the batch being processed (set by _process).
+        self._bookkeeping: _Bookkeeping
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -266,6 +314,13 @@ class Pipeline:
         """Applies decoded ``events``; ``decoding``: the seconds it took to decode them (the ``decode`` step)."""
         result = BatchResult(batch_id)
         result.seconds["decode"] = decoding
+        self._bookkeeping = _Bookkeeping(result)
+        try:
+            return self._apply_batch(events, batch_id, txn, result)
+        finally:
+            self._bookkeeping.close()
+
+    def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
             summary = _summary(events)
         for row in summary:
@@ -277,8 +332,7 @@ class Pipeline:
         if result.messages == 0:
             return result
         if result.dead_letters:
-            with result.timed("dead_letters"):
-                self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
+            self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
         good = events.where(F.col(model.ERROR).isNull())
 
         schema_events: list[SchemaEvent] = []
@@ -287,8 +341,9 @@ class Pipeline:
                 schema_events = self.evolution.collect(good)
         self._apply_around_ddl(good, [e for e in schema_events if e.changes], batch_id, txn, result)
         if schema_events:
-            with result.timed("schema_changes"):
-                self._schema_changes(good, schema_events, batch_id, txn, result)
+            self._schema_changes(good, schema_events, batch_id, txn, result)
+        with result.timed("bookkeeping"):
+            self._bookkeeping.join()
         with result.timed("progress"):
             self._progress(summary, batch_id, txn)
         if batch_id % 100 == 0:
@@ -317,6 +372,9 @@ class Pipeline:
                 segment = segment & (order > F.lit(lower))
             self._apply_events(good.where(segment), batch_id, _sub_txn(txn, f"ddl{index}/rows"), result)
             with result.timed("ddl"):
+                # A dropped or truncated table is remembered in the tombstones table, which the background writer
+                # may be appending to (and creating): one writer at a time.
+                self._bookkeeping.join()
                 self.evolution.apply_event(step, _sub_txn(txn, f"ddl{index}/change"))
             lower = step.order
         self._apply_events(good.where(affected & (order > F.lit(lower))), batch_id, _sub_txn(txn, "ddl/rows"), result)
@@ -376,6 +434,11 @@ class Pipeline:
                 )
                 .collect()
             }
+        if truncated or any(row["deletes"] for row in stats.values()):
+            # Written while the tables merge: a tombstone is only read by later batches' gates, and recording it
+            # before its delete is applied is harmless (a re-run of the batch keeps the delete: its order equals
+            # the tombstone's, and the gate keeps changes at or after a key's tombstone).
+            self._bookkeeping.submit("tombstones", self.sink.record_tombstones, folded, truncated, txn)
         with result.timed("merge"):
             for plan in truncated:
                 self.sink.truncate(plan, txn)
@@ -397,9 +460,6 @@ class Pipeline:
         for plan in plans:
             path = self.sink.table_path(plan.database, plan.schema, plan.table)
             result.applied[path] = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
-        if truncated or any(row["deletes"] for row in stats.values()):
-            with result.timed("tombstones"):
-                self.sink.record_tombstones(folded, truncated, txn)
 
     def _history(
         self,
@@ -694,9 +754,10 @@ class Pipeline:
             F.col(model.RAW_VALUE).alias("value"),
         ).dropDuplicates(["topic", "partition", "offset"])
         if self.settings.dead_letter_handler is not None:
-            self.settings.dead_letter_handler(rows)
+            with self._bookkeeping.result.timed("dead_letters"):
+                self.settings.dead_letter_handler(rows)
             return
-        self.sink.append(DEAD_LETTERS, rows, txn)
+        self._bookkeeping.submit("dead_letters", self.sink.append, DEAD_LETTERS, rows, txn)
 
     def _schema_changes(
         self, good: DataFrame, events: Sequence[SchemaEvent], batch_id: int, txn: Txn | None, result: BatchResult
@@ -739,7 +800,7 @@ class Pipeline:
             F.current_timestamp().alias("recorded_at"),
             "*",
         )
-        self.sink.append(SCHEMA_CHANGES, frame, txn)
+        self._bookkeeping.submit("schema_changes", self.sink.append, SCHEMA_CHANGES, frame, txn)
 
     def _progress(self, summary: Sequence[Row], batch_id: int, txn: Txn | None) -> None:
         """Per table: events by op, last position, last event time. Per Kafka partition: last offset and the
