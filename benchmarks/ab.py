@@ -41,7 +41,26 @@ def _merge_settings_off(_: Any) -> Iterator[None]:
         DeltaSink.merging = original  # type: ignore[method-assign]
 
 
+@contextmanager
+def _inline_bookkeeping(_: Any) -> Iterator[None]:
+    """Bookkeeping appends written inline, in the batch's thread (as before the background writer)."""
+    from cdclake import pipeline
+
+    original = pipeline._Bookkeeping.submit
+
+    def inline(self: Any, step: str, write: Callable[..., None], *args: object) -> None:
+        with self.result.timed(step):
+            write(*args)
+
+    pipeline._Bookkeeping.submit = inline  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pipeline._Bookkeeping.submit = original  # type: ignore[method-assign]
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
+    "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
     "same": _nothing,
     "no-materialize-source": lambda spark: session_settings(
