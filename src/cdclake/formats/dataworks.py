@@ -93,12 +93,27 @@ def _canonical_text(vendor_type: Column, text: Column) -> Column:
 
 
 def _image(image: Column, types: Column, has_row_id: Column, is_oracle: Column) -> Column:
-    """DataWorks row image -> canonical image: values re-encoded, the hidden row id renamed or dropped."""
-    converted = F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v))
+    """DataWorks row image -> canonical image: values re-encoded, the hidden row id renamed or dropped.
+
+    Each step runs only for the images that need it (Spark evaluates lambdas without code generation, value by
+    value): the re-encoding when the message declares a DATE column, the renaming when the image holds a hidden
+    row id. The tests of both are generated code. Measured on 25k DataWorks messages (20k events, 2 cores): decode
+    1.32 -> 1.21 s and 1.52 -> 1.44 s in two interleaved runs.
+    """
+    declares_date = F.coalesce(F.array_contains(F.map_values(types), F.lit("DATE")), F.lit(False))
+    converted = F.when(
+        declares_date,
+        F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v)),
+    ).otherwise(image)
+    keys = F.map_keys(image)
+    holds_hidden = F.array_contains(keys, F.lit(MYSQL_ROW_ID)) | (
+        is_oracle & F.array_contains(keys, F.lit(ORACLE_ROW_ID))
+    )
     kept = F.map_filter(converted, lambda k, _v: has_row_id | ~_is_hidden(k, is_oracle))
-    return F.transform_keys(
+    renamed = F.transform_keys(
         kept, lambda k, _v: F.when(_is_hidden(k, is_oracle), F.lit(model.ROW_ID_COLUMN)).otherwise(k)
     )
+    return F.when(F.coalesce(holds_hidden, F.lit(False)), renamed).otherwise(converted)
 
 
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
