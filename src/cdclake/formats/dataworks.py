@@ -82,6 +82,13 @@ def _is_hidden(name: Column, is_oracle: Column) -> Column:
     return (name == F.lit(MYSQL_ROW_ID)) | (is_oracle & (name == F.lit(ORACLE_ROW_ID)))
 
 
+def _holds_hidden(names: Column, is_oracle: Column) -> Column:
+    """Whether ``names`` (an array) holds a hidden row id, as :func:`_is_hidden` tells them; never null. Generated
+    code, unlike a lambda over the names."""
+    found = F.array_contains(names, F.lit(MYSQL_ROW_ID)) | (is_oracle & F.array_contains(names, F.lit(ORACLE_ROW_ID)))
+    return F.coalesce(found, F.lit(False))
+
+
 def _canonical_text(vendor_type: Column, text: Column) -> Column:
     """Canonical text (see cdclake.model) for one DataWorks value, given its declared type."""
     # DATE values are 13-digit epoch milliseconds for every temporal source type; canonical timestamps are
@@ -105,15 +112,11 @@ def _image(image: Column, types: Column, has_row_id: Column, is_oracle: Column) 
         declares_date,
         F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v)),
     ).otherwise(image)
-    keys = F.map_keys(image)
-    holds_hidden = F.array_contains(keys, F.lit(MYSQL_ROW_ID)) | (
-        is_oracle & F.array_contains(keys, F.lit(ORACLE_ROW_ID))
-    )
     kept = F.map_filter(converted, lambda k, _v: has_row_id | ~_is_hidden(k, is_oracle))
     renamed = F.transform_keys(
         kept, lambda k, _v: F.when(_is_hidden(k, is_oracle), F.lit(model.ROW_ID_COLUMN)).otherwise(k)
     )
-    return F.when(F.coalesce(holds_hidden, F.lit(False)), renamed).otherwise(converted)
+    return F.when(_holds_hidden(F.map_keys(image), is_oracle), renamed).otherwise(converted)
 
 
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
@@ -135,8 +138,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     is_oracle = F.coalesce(F.lower(source["dbType"]) == "oracle", F.lit(False))
     primary_key = F.coalesce(schema["primaryKey"], F.array().cast("array<string>"))
-    hidden = F.filter(names, lambda n: _is_hidden(n, is_oracle))
-    has_row_id = (F.size(primary_key) == 0) & (F.size(hidden) > 0)
+    has_row_id = (F.size(primary_key) == 0) & _holds_hidden(names, is_oracle)
     # Staged as columns: the image and column lambdas below read them once per value; left as expressions, Spark
     # would rebuild the whole type map (and the row-id test over every name) again for each value.
     parsed = parsed.select(
