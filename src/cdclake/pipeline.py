@@ -21,7 +21,6 @@ held back again instead of applied (see :meth:`Pipeline._process_complete_transa
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -186,17 +185,12 @@ class _Bookkeeping:
         self.result = result
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdclake-bookkeeping")
         self._pending: list[Future[None]] = []
-        self._lock = threading.Lock()
 
     def submit(self, step: str, write: Callable[..., None], *args: object) -> None:
         def timed_write() -> None:
-            started = time.perf_counter()
-            try:
+            # Only this thread times these steps (the batch's thread times the others): no two updates of one key.
+            with self.result.timed(step):
                 write(*args)
-            finally:
-                with self._lock:
-                    seconds = self.result.seconds
-                    seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - started
 
         self._pending.append(self._pool.submit(timed_write))
 
