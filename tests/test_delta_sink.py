@@ -101,3 +101,29 @@ def test_a_rewrite_to_a_type_without_statistics_unlists_the_column(spark, tmp_pa
     after = DeltaTable.forPath(spark, sink.table_path("db", None, "t")).detail().collect()[0]["properties"]
     assert after["delta.dataSkippingStatsColumns"] == "`note`,_cdc_position"
     assert sink.columns("db", None, "t") == [("note", "string"), ("detail", "binary")]
+
+
+def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_turn(spark, tmp_path: Path) -> None:
+    """Pipeline._ensure_tables: many new tables at once, each with its columns; two plans whose source names map to
+    the same lake path (database x, and schema x without a database) both end up in that one table."""
+    from cdclake.apply import TablePlan
+    from cdclake.pipeline import Pipeline, PipelineSettings
+
+    pipeline = Pipeline(spark, PipelineSettings(lake=str(tmp_path / "lake"), app_id="ensure"))
+    plans = [
+        TablePlan(f"db.t{i}", "db", None, f"t{i}", [("id", "bigint"), (f"c{i}", "string")], ["id"]) for i in range(6)
+    ]
+    plans += [
+        TablePlan("x..shared", "x", None, "shared", [("id", "bigint"), ("a", "string")], ["id"]),
+        TablePlan(".x.shared", None, "x", "shared", [("id", "bigint"), ("b", "int")], ["id"]),
+    ]
+    columns = pipeline._ensure_tables(plans)
+
+    for i in range(6):
+        expected = [("id", "bigint"), (f"c{i}", "string")]
+        assert columns[f"db.t{i}"] == expected
+        assert pipeline.sink.columns("db", None, f"t{i}") == expected
+    shared = [("id", "bigint"), ("a", "string"), ("b", "int")]
+    assert columns[".x.shared"] == shared
+    assert columns["x..shared"] == [("id", "bigint"), ("a", "string")]  # the first plan, before the second widened it
+    assert pipeline.sink.columns("x", None, "shared") == shared

@@ -379,7 +379,7 @@ class Pipeline:
         with result.timed("plan"):
             # Tables with only DDL events here are created by their statements (cdclake.evolve), not empty.
             plans = [p for p in apply.plan_tables(good, self.settings.keys) if p.row_events or p.truncate_order]
-            table_columns = {plan.table_id: self.sink.ensure_table(plan) for plan in plans}
+            table_columns = self._ensure_tables(plans)
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
 
@@ -396,6 +396,25 @@ class Pipeline:
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
         self._history(good, plans, table_columns, txn, result)
+
+    def _ensure_tables(self, plans: Sequence[apply.TablePlan]) -> dict[str, list[tuple[str, str]]]:
+        """Creates or widens the lake tables of ``plans``; their (name, type) user columns by table id.
+
+        Concurrently, as the MERGEs: creating a table is a commit and a read of its log (0.2-0.3 s on two cores),
+        and an initial load creates every table in its first batch (40 tables: 7.6-8.3 s one at a time, 4.4-4.5 s
+        eight at a time). Plans that land in the same lake table go one after the other, so that one creates it and
+        the next sees it: the path is ``<lake>/<database, else schema>/<table>``, so database ``x`` with no schema
+        and schema ``x`` with no database share one.
+        """
+        by_path: dict[str, list[apply.TablePlan]] = {}
+        for plan in plans:
+            by_path.setdefault(self.sink.table_path(plan.database, plan.schema, plan.table), []).append(plan)
+
+        def ensure(same_table: list[apply.TablePlan]) -> list[tuple[str, list[tuple[str, str]]]]:
+            return [(plan.table_id, self.sink.ensure_table(plan)) for plan in same_table]
+
+        with ThreadPoolExecutor(max_workers=self.merge_threads) as pool:
+            return {table_id: columns for done in pool.map(ensure, by_path.values()) for table_id, columns in done}
 
     def _apply_rows(
         self,
