@@ -127,3 +127,53 @@ def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_tur
     assert columns[".x.shared"] == shared
     assert columns["x..shared"] == [("id", "bigint"), ("a", "string")]  # the first plan, before the second widened it
     assert pipeline.sink.columns("x", None, "shared") == shared
+
+
+def _ogg_insert(table: str, position: int, row: dict[str, object]) -> bytes:
+    message = {
+        "table": table,
+        "op_type": "I",
+        "op_ts": "2024-03-01 10:15:31.000000",
+        "current_ts": "2024-03-01T10:15:33.126000",
+        "pos": f"{position:020d}",
+        "primary_keys": ["ID"],
+        "after": row,
+    }
+    return json.dumps(message).encode("utf-8")
+
+
+def _commits(table: Path) -> int:
+    return len(list((table / "_delta_log").glob("*.json")))
+
+
+def test_source_tables_sharing_a_lake_table_are_all_applied_once_per_batch(spark, tmp_path: Path) -> None:
+    """Two schemas of one database (``CAT.S1.T`` and ``CAT.S2.T``) land in one lake table, ``<lake>/CAT/T``, and a
+    batch holds changes of both. Their MERGEs (and history writes) go in turn, each with its own commit marker:
+    concurrent, the two commits to one table conflict; in turn under the batch's one marker, Delta would skip the
+    second as already committed. Re-running the batch commits nothing more."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from cdclake.spark import local_frame
+
+    messages = [
+        _ogg_insert(f"CAT.{schema}.T", position, {"ID": position, "V": f"{schema}-{position}"})
+        for position, schema in enumerate(["S1", "S2", "S1", "S2", "S2"], start=1)
+    ]
+    rows = [(None, value, "ogg", 0, offset, None) for offset, value in enumerate(messages)]
+    frame = local_frame(
+        spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+    )
+    lake = tmp_path / "lake"
+    settings = PipelineSettings(lake=str(lake), app_id="shared", default_format="ogg-json", changelog=True)
+    expected = sorted((i, f"{s}-{i}") for i, s in enumerate(["S1", "S2", "S1", "S2", "S2"], start=1))
+    table, changelog = lake / "CAT" / "T", lake / "_cdclake" / "changelog" / "CAT" / "T"
+
+    first = Pipeline(spark, settings).process_batch(frame, 0)
+    assert first.applied == {str(table): 5}
+    assert sorted((r["ID"], r["V"]) for r in read_table(str(table))) == expected
+    assert sorted((r["ID"], r["V"]) for r in read_table(str(changelog))) == expected
+
+    commits = (_commits(table), _commits(changelog))
+    Pipeline(spark, settings).process_batch(frame, 0)  # a re-run after a crash, in a new process
+    assert (_commits(table), _commits(changelog)) == commits
+    assert sorted((r["ID"], r["V"]) for r in read_table(str(table))) == expected
+    assert len(read_table(str(changelog))) == 5

@@ -46,7 +46,7 @@ from cdclake.formats.base import (
 )
 from cdclake.model import Op
 from cdclake.sinks import history
-from cdclake.sinks.delta import DeltaSink, Txn
+from cdclake.sinks.delta import DeltaSink, Txn, concurrently, in_turns, turn_marker
 from cdclake.spark import local_frame
 
 log = logging.getLogger(__name__)
@@ -402,19 +402,17 @@ class Pipeline:
 
         Concurrently, as the MERGEs: creating a table is a commit and a read of its log (0.2-0.3 s on two cores),
         and an initial load creates every table in its first batch (40 tables: 7.6-8.3 s one at a time, 4.4-4.5 s
-        eight at a time). Plans that land in the same lake table go one after the other, so that one creates it and
-        the next sees it: the path is ``<lake>/<database, else schema>/<table>``, so database ``x`` with no schema
-        and schema ``x`` with no database share one.
+        eight at a time). Plans that land in one lake table go in turns (``in_turns``): the first creates it, the
+        next sees it and adds its columns.
         """
-        by_path: dict[str, list[apply.TablePlan]] = {}
-        for plan in plans:
-            by_path.setdefault(self.sink.table_path(plan.database, plan.schema, plan.table), []).append(plan)
+        columns: dict[str, list[tuple[str, str]]] = {}
+        for turn in in_turns(plans, self._path_of):
+            created = concurrently(self.sink.ensure_table, turn, self.merge_threads)
+            columns.update(zip((plan.table_id for plan in turn), created, strict=True))
+        return columns
 
-        def ensure(same_table: list[apply.TablePlan]) -> list[tuple[str, list[tuple[str, str]]]]:
-            return [(plan.table_id, self.sink.ensure_table(plan)) for plan in same_table]
-
-        with ThreadPoolExecutor(max_workers=self.merge_threads) as pool:
-            return {table_id: columns for done in pool.map(ensure, by_path.values()) for table_id, columns in done}
+    def _path_of(self, plan: apply.TablePlan) -> str:
+        return self.sink.table_path(plan.database, plan.schema, plan.table)
 
     def _apply_rows(
         self,
@@ -449,26 +447,27 @@ class Pipeline:
                 .collect()
             }
         with result.timed("merge"):
-            for plan in truncated:
-                self.sink.truncate(plan, txn)
-            merges = [p for p in plans if p.table_id in stats]
+            for turn, same_turn in enumerate(in_turns(truncated, self._path_of)):
+                for plan in same_turn:
+                    self.sink.truncate(plan, turn_marker(txn, turn))
 
             def merge(plan: apply.TablePlan) -> None:
                 table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
                 self.sink.merge(plan, table_columns[plan.table_id], table_changes)
 
             # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
-            # commit I/O dominate small batches). They share the batch's idempotency marker.
-            with (
-                self.sink.idempotent(txn),
-                self.sink.merging(len(merges), self.merge_threads),
-                ThreadPoolExecutor(max_workers=self.merge_threads) as pool,
-            ):
-                for future in [pool.submit(merge, plan) for plan in merges]:
-                    future.result()
+            # commit I/O dominate small batches). They share the batch's idempotency marker; source tables sharing a
+            # lake table take turns, each with a marker of its own (in_turns).
+            for turn, tables in enumerate(in_turns([p for p in plans if p.table_id in stats], self._path_of)):
+                with (
+                    self.sink.idempotent(turn_marker(txn, turn)),
+                    self.sink.merging(len(tables), self.merge_threads),
+                ):
+                    concurrently(merge, tables, self.merge_threads)
         for plan in plans:
-            path = self.sink.table_path(plan.database, plan.schema, plan.table)
-            result.applied[path] = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
+            path = self._path_of(plan)
+            changes_of_plan = stats[plan.table_id]["changes"] if plan.table_id in stats else 0
+            result.applied[path] = result.applied.get(path, 0) + changes_of_plan
         if truncated or any(row["deletes"] for row in stats.values()):
             # After the MERGEs, not beside them: a big batch's MERGEs keep every core busy, and a tombstone write
             # beside them made 10-table batches of 31k messages 9% slower (python -m benchmarks.ab --variant

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from delta.tables import DeltaTable, DeltaTableBuilder
 from pyspark.errors import AnalysisException
@@ -105,6 +106,43 @@ class Txn:
 
     app_id: str
     version: int
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def in_turns(items: Iterable[Item], path_of: Callable[[Item], str]) -> list[list[Item]]:
+    """``items`` (one commit each) in turns that write each table path at most once: turn ``k`` holds the ``k``-th
+    item, in ``items`` order, of every path.
+
+    A batch writes its tables concurrently, and two commits to one table at once conflict. Nearly always there is
+    one turn; more only when source tables share a lake table (``<database>/<table>``: two schemas of one database
+    with a table of the same name, such as PostgreSQL's ``public.orders`` and ``archive.orders``)."""
+    turns: list[list[Item]] = []
+    taken: dict[str, int] = {}
+    for item in items:
+        path = path_of(item)
+        turn = taken.get(path, 0)
+        taken[path] = turn + 1
+        if turn == len(turns):
+            turns.append([])
+        turns[turn].append(item)
+    return turns
+
+
+def turn_marker(txn: Txn | None, turn: int) -> Txn | None:
+    """The commit marker of a batch's ``turn`` (see :func:`in_turns`): the batch's own for the first, a marker of
+    its own for each later one, since Delta skips a commit whose marker the table has already recorded."""
+    return txn if txn is None or turn == 0 else Txn(f"{txn.app_id}/turn{turn}", txn.version)
+
+
+def concurrently(work: Callable[[Item], Result], items: Sequence[Item], threads: int) -> list[Result]:
+    """``work`` of every item, ``threads`` at a time; the results in ``items`` order. An error is raised once every
+    item has run (the others' commits stand; a re-run of the batch skips them by their markers)."""
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        futures = [pool.submit(work, item) for item in items]
+    return [future.result() for future in futures]
 
 
 class DeltaSink:

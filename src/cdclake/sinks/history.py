@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
@@ -58,7 +57,10 @@ from cdclake.sinks.delta import (
     POSITION_COLUMN,
     DeltaSink,
     Txn,
+    concurrently,
+    in_turns,
     quote,
+    turn_marker,
     with_table_properties,
 )
 from cdclake.spark import local_frame
@@ -201,6 +203,9 @@ class HistorySink:
     def scd2_path(self, plan: TablePlan) -> str:
         return self._path(SCD2_DIR, plan)
 
+    def _path_of(self, item: _Work) -> str:
+        return self.changelog_path(item.plan) if item.kind == "changelog" else self.scd2_path(item.plan)
+
     def _path(self, kind: str, plan: TablePlan) -> str:
         relative = self.sink.table_path(plan.database, plan.schema, plan.table).removeprefix(self.sink.lake + "/")
         return self.sink.system_path(f"{kind}/{relative}")
@@ -273,13 +278,14 @@ class HistorySink:
             else:
                 self._scd2(item, changes.where(F.col(apply.TABLE_ID) == item.plan.table_id))
 
-        # Tables are created and columns added first, outside the marker: only the data commits may carry it.
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            for future in [pool.submit(prepare, item) for item in work]:
-                future.result()
-        with self.sink.idempotent(txn), ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            for future in [pool.submit(write, item) for item in work]:
-                future.result()
+        # Tables are created and columns added first, outside the marker: only the data commits may carry it. Items
+        # of one history table (source tables sharing a lake table) go in turns, each turn with its own marker.
+        turns = in_turns(work, self._path_of)
+        for turn in turns:
+            concurrently(prepare, turn, threads)
+        for index, turn in enumerate(turns):
+            with self.sink.idempotent(turn_marker(txn, index)):
+                concurrently(write, turn, threads)
 
     # ---------------------------------------------------------------------------------------------------------
     # Tables
