@@ -123,9 +123,10 @@ def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_tur
         expected = [("id", "bigint"), (f"c{i}", "string")]
         assert columns[f"db.t{i}"] == expected
         assert pipeline.sink.columns("db", None, f"t{i}") == expected
-    shared = [("id", "bigint"), ("a", "string"), ("b", "int")]
-    assert columns[".x.shared"] == shared
-    assert columns["x..shared"] == [("id", "bigint"), ("a", "string")]  # the first plan, before the second widened it
+    # Turns go by table id: ".x.shared" creates the table, "x..shared" then adds its column.
+    shared = [("id", "bigint"), ("b", "int"), ("a", "string")]
+    assert columns[".x.shared"] == [("id", "bigint"), ("b", "int")]
+    assert columns["x..shared"] == shared
     assert pipeline.sink.columns("x", None, "shared") == shared
 
 
@@ -177,3 +178,19 @@ def test_source_tables_sharing_a_lake_table_are_all_applied_once_per_batch(spark
     assert (_commits(table), _commits(changelog)) == commits
     assert sorted((r["ID"], r["V"]) for r in read_table(str(table))) == expected
     assert len(read_table(str(changelog))) == 5
+
+
+def test_turns_do_not_depend_on_the_order_the_batch_lists_its_tables() -> None:
+    """A re-run of a batch must give each source table the commit marker it had: the turns go by table id."""
+    import random
+
+    from cdclake.sinks.delta import Txn, in_turns, turn_marker
+
+    tables = [("a", "lake/a"), ("b", "lake/x"), ("c", "lake/x"), ("d", "lake/d"), ("e", "lake/x")]
+    expected = [[("a", "lake/a"), ("b", "lake/x"), ("d", "lake/d")], [("c", "lake/x")], [("e", "lake/x")]]
+    for seed in range(5):
+        shuffled = random.Random(seed).sample(tables, len(tables))
+        assert in_turns(shuffled, lambda t: t[1], lambda t: t[0]) == expected
+    batch = Txn("app", 7)
+    assert [turn_marker(batch, turn) for turn in range(3)] == [batch, Txn("app/turn1", 7), Txn("app/turn2", 7)]
+    assert turn_marker(None, 1) is None

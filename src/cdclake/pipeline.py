@@ -406,13 +406,16 @@ class Pipeline:
         next sees it and adds its columns.
         """
         columns: dict[str, list[tuple[str, str]]] = {}
-        for turn in in_turns(plans, self._path_of):
+        for turn in self._in_turns(plans):
             created = concurrently(self.sink.ensure_table, turn, self.merge_threads)
             columns.update(zip((plan.table_id for plan in turn), created, strict=True))
         return columns
 
     def _path_of(self, plan: apply.TablePlan) -> str:
         return self.sink.table_path(plan.database, plan.schema, plan.table)
+
+    def _in_turns(self, plans: Sequence[apply.TablePlan]) -> list[list[apply.TablePlan]]:
+        return in_turns(plans, self._path_of, lambda plan: plan.table_id)
 
     def _apply_rows(
         self,
@@ -446,10 +449,13 @@ class Pipeline:
                 )
                 .collect()
             }
+        # Turns of every plan, not only those with changes: a re-run must give each plan the marker it had.
+        turns = self._in_turns(plans)
         with result.timed("merge"):
-            for turn, same_turn in enumerate(in_turns(truncated, self._path_of)):
+            for turn, same_turn in enumerate(turns):
                 for plan in same_turn:
-                    self.sink.truncate(plan, turn_marker(txn, turn))
+                    if plan.truncate_order:
+                        self.sink.truncate(plan, turn_marker(txn, turn))
 
             def merge(plan: apply.TablePlan) -> None:
                 table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
@@ -458,7 +464,10 @@ class Pipeline:
             # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
             # commit I/O dominate small batches). They share the batch's idempotency marker; source tables sharing a
             # lake table take turns, each with a marker of its own (in_turns).
-            for turn, tables in enumerate(in_turns([p for p in plans if p.table_id in stats], self._path_of)):
+            for turn, same_turn in enumerate(turns):
+                tables = [p for p in same_turn if p.table_id in stats]
+                if not tables:
+                    continue
                 with (
                     self.sink.idempotent(turn_marker(txn, turn)),
                     self.sink.merging(len(tables), self.merge_threads),

@@ -112,16 +112,19 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def in_turns(items: Iterable[Item], path_of: Callable[[Item], str]) -> list[list[Item]]:
+def in_turns(
+    items: Iterable[Item], path_of: Callable[[Item], str], identity_of: Callable[[Item], str]
+) -> list[list[Item]]:
     """``items`` (one commit each) in turns that write each table path at most once: turn ``k`` holds the ``k``-th
-    item, in ``items`` order, of every path.
+    item of every path, in the order of ``identity_of`` (unique per item), so that a re-run of the batch gives
+    every item the turn, and so the commit marker (:func:`turn_marker`), that it had.
 
     A batch writes its tables concurrently, and two commits to one table at once conflict. Nearly always there is
     one turn; more only when source tables share a lake table (``<database>/<table>``: two schemas of one database
     with a table of the same name, such as PostgreSQL's ``public.orders`` and ``archive.orders``)."""
     turns: list[list[Item]] = []
     taken: dict[str, int] = {}
-    for item in items:
+    for item in sorted(items, key=identity_of):
         path = path_of(item)
         turn = taken.get(path, 0)
         taken[path] = turn + 1

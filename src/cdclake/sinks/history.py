@@ -280,7 +280,7 @@ class HistorySink:
 
         # Tables are created and columns added first, outside the marker: only the data commits may carry it. Items
         # of one history table (source tables sharing a lake table) go in turns, each turn with its own marker.
-        turns = in_turns(work, self._path_of)
+        turns = in_turns(work, self._path_of, lambda item: f"{item.plan.table_id}\x00{item.kind}")
         for turn in turns:
             concurrently(prepare, turn, threads)
         for index, turn in enumerate(turns):
