@@ -130,17 +130,19 @@ def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_tur
     assert pipeline.sink.columns("x", None, "shared") == shared
 
 
-def _ogg_insert(table: str, position: int, row: dict[str, object]) -> bytes:
-    message = {
-        "table": table,
-        "op_type": "I",
-        "op_ts": "2024-03-01 10:15:31.000000",
-        "current_ts": "2024-03-01T10:15:33.126000",
-        "pos": f"{position:020d}",
-        "primary_keys": ["ID"],
-        "after": row,
+def _ogg_insert(table: str, position: int, row: dict[str, object]) -> dict[str, object]:
+    """A golden-style line (``tests.formats.golden.messages_frame``) of one OGG JSON insert."""
+    return {
+        "value": {
+            "table": table,
+            "op_type": "I",
+            "op_ts": "2024-03-01 10:15:31.000000",
+            "current_ts": "2024-03-01T10:15:33.126000",
+            "pos": f"{position:020d}",
+            "primary_keys": ["ID"],
+            "after": row,
+        }
     }
-    return json.dumps(message).encode("utf-8")
 
 
 def _commits(table: Path) -> int:
@@ -153,19 +155,14 @@ def test_source_tables_sharing_a_lake_table_are_all_applied_once_per_batch(spark
     concurrent, the two commits to one table conflict; in turn under the batch's one marker, Delta would skip the
     second as already committed. Re-running the batch commits nothing more."""
     from cdclake.pipeline import Pipeline, PipelineSettings
-    from cdclake.spark import local_frame
+    from tests.formats.golden import messages_frame
 
-    messages = [
-        _ogg_insert(f"CAT.{schema}.T", position, {"ID": position, "V": f"{schema}-{position}"})
-        for position, schema in enumerate(["S1", "S2", "S1", "S2", "S2"], start=1)
-    ]
-    rows = [(None, value, "ogg", 0, offset, None) for offset, value in enumerate(messages)]
-    frame = local_frame(
-        spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
-    )
+    schemas = list(enumerate(["S1", "S2", "S1", "S2", "S2"], start=1))
+    lines = [_ogg_insert(f"CAT.{schema}.T", at, {"ID": at, "V": f"{schema}-{at}"}) for at, schema in schemas]
+    expected = [(at, f"{schema}-{at}") for at, schema in schemas]  # ids ascend, as the sorted rows read back
+    frame = messages_frame(spark, lines, topic="ogg")
     lake = tmp_path / "lake"
     settings = PipelineSettings(lake=str(lake), app_id="shared", default_format="ogg-json", changelog=True)
-    expected = sorted((i, f"{s}-{i}") for i, s in enumerate(["S1", "S2", "S1", "S2", "S2"], start=1))
     table, changelog = lake / "CAT" / "T", lake / "_cdclake" / "changelog" / "CAT" / "T"
 
     first = Pipeline(spark, settings).process_batch(frame, 0)
