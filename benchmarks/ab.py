@@ -59,6 +59,19 @@ def _inline_bookkeeping(_: Any) -> Iterator[None]:
         pipeline._Bookkeeping.submit = original  # type: ignore[method-assign]
 
 
+@contextmanager
+def _generated_apply(_: Any) -> Iterator[None]:
+    """Small batches applied with the session's projection setting (before pipeline.SMALL_BATCH_SETTINGS)."""
+    from cdclake import pipeline
+
+    original = pipeline.SMALL_BATCH_SETTINGS
+    pipeline.SMALL_BATCH_SETTINGS = {}  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        pipeline.SMALL_BATCH_SETTINGS = original  # type: ignore[misc]
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
@@ -79,6 +92,8 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "shuffle-8": lambda spark: session_settings(spark, {"spark.sql.shuffle.partitions": "8"}),
     "no-stats-collection": lambda spark: session_settings(spark, {"spark.databricks.delta.stats.collect": "false"}),
     "snapshot-partitions-1": lambda spark: session_settings(spark, {"spark.databricks.delta.snapshotPartitions": "1"}),
+    "generated-apply": _generated_apply,
+    "interpreted-projections": lambda spark: session_settings(spark, {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}),
     "no-wholestage-codegen": lambda spark: session_settings(spark, {"spark.sql.codegen.wholeStage": "false"}),
     "no-checksum": lambda spark: session_settings(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
     "snapshot-1-no-checksum": lambda spark: session_settings(

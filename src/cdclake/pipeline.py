@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -47,9 +47,27 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeltaSink, Txn, concurrently, in_turns, turn_marker
-from cdclake.spark import local_frame
+from cdclake.spark import local_frame, session_settings
 
 log = logging.getLogger(__name__)
+
+SMALL_BATCH_MESSAGES: Final = 50_000
+"""Batches of at most this many messages are applied with :data:`SMALL_BATCH_SETTINGS`."""
+SMALL_BATCH_SETTINGS: Final = {
+    # Spark's interpreted projections while a small batch is applied (decoding keeps generated code). Outside
+    # whole-stage code generation, every task of every stage generates Java source for its projections, predicates
+    # and Delta's statistics, and strips it with regular expressions before it looks in its compiled-class cache:
+    # in a JFR profile of 3-table micro-batches of ~100 messages, 83% of the executor samples were that code
+    # generation. With few rows per task, interpreting them costs less; with many it costs more. Steady batches on
+    # 2 cores, the apply steps (plan, fold, MERGE, bookkeeping, progress), generated -> interpreted
+    # (python -m benchmarks.ab --variant generated-apply): 1,000 events over 3 tables -31% for the whole batch;
+    # 25,000 events, 1 table -15%; 60,000, 1 table -2%; 100,000 over 10 tables -10%; 250,000, 1 table +25%.
+    # Decoding runs many rows through each large projection and measured up to 20% slower interpreted at 20,000
+    # messages, so it keeps the session's setting. The setting is internal to Spark (its switch for tests since
+    # 2.4); the interpreted path is the one Spark itself takes whenever generated code fails to compile.
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+"""Session settings for the part of a small batch after decoding (restored after it)."""
 
 DEAD_LETTERS = "dead_letters"
 PROGRESS = "progress"
@@ -326,6 +344,16 @@ class Pipeline:
                 result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["n"]
         if result.messages == 0:
             return result
+        small = result.messages <= SMALL_BATCH_MESSAGES
+        with session_settings(self.spark, SMALL_BATCH_SETTINGS if small else {}):
+            self._apply_summarised(events, summary, batch_id, txn, result)
+        log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
+        return result
+
+    def _apply_summarised(
+        self, events: DataFrame, summary: Sequence[Row], batch_id: int, txn: Txn | None, result: BatchResult
+    ) -> None:
+        """Everything after decoding: dead letters, DDL, row changes, history, bookkeeping and progress."""
         if result.dead_letters:
             self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
         good = events.where(F.col(model.ERROR).isNull())
@@ -344,8 +372,6 @@ class Pipeline:
         if batch_id % 100 == 0:
             with result.timed("expire_tombstones"):
                 self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
-        log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
-        return result
 
     def _apply_around_ddl(
         self, good: DataFrame, steps: Sequence[SchemaEvent], batch_id: int, txn: Txn | None, result: BatchResult

@@ -7,15 +7,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from cdclake import pipeline
 from cdclake.cli.main import app
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
+from cdclake.sinks.delta import DeltaSink
 from cdclake.status import lake_status
 from cdclake.workload import to_b64_lines
 from tests.e2e.helpers import assert_lake_equals_truth, workload, write_lines
@@ -300,3 +303,33 @@ def test_a_value_that_does_not_fit_the_tables_type_is_a_dead_letter_not_null(spa
     assert sum(r.dead_letters for r in results) == 1
     reasons = [row["reason"] for row in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()]
     assert reasons == ["value of column x (declared double) does not fit the lake table's type bigint"]
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["small-interpreted", "large-generated"])
+def test_small_and_large_batches_apply_to_the_truth_with_their_projection_setting(
+    spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
+    """Small batches are applied with Spark's interpreted projections, larger ones with the session's setting
+    (``pipeline.SMALL_BATCH_SETTINGS``); both give the same tables, and the session's setting is back after each
+    batch. Every other test runs small batches, so ``large-generated`` is what covers the generated path."""
+    key = "spark.sql.codegen.factoryMode"
+    if not small:
+        monkeypatch.setattr(pipeline, "SMALL_BATCH_MESSAGES", 0)
+    during_merges: list[str | None] = []
+    merge = DeltaSink.merge
+
+    def recording_merge(self: DeltaSink, *args: Any) -> None:
+        during_merges.append(spark.conf.get(key, None))
+        merge(self, *args)
+
+    monkeypatch.setattr(DeltaSink, "merge", recording_merge)
+    before = spark.conf.get(key, None)
+    history, messages = workload(seed=16, events=120)
+    path = write_lines(tmp_path / "dw.jsonl", messages)
+    results = replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], batch_lines=70)
+
+    assert len(results) >= 2
+    assert_lake_equals_truth(lake, history)
+    assert during_merges
+    assert set(during_merges) == ({"NO_CODEGEN"} if small else {before})
+    assert spark.conf.get(key, None) == before
