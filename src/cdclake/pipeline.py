@@ -52,7 +52,8 @@ from cdclake.spark import local_frame, session_settings
 log = logging.getLogger(__name__)
 
 SMALL_BATCH_MESSAGES: Final = 50_000
-"""Batches of at most this many messages are applied with :data:`SMALL_BATCH_SETTINGS`."""
+"""Batches of at most this many decoded events (``BatchResult.messages``) are applied with
+:data:`SMALL_BATCH_SETTINGS`."""
 SMALL_BATCH_SETTINGS: Final = {
     # Spark's interpreted projections while a small batch is applied (decoding keeps generated code). Outside
     # whole-stage code generation, every task of every stage generates Java source for its projections, predicates
@@ -60,8 +61,9 @@ SMALL_BATCH_SETTINGS: Final = {
     # in a JFR profile of 3-table micro-batches of ~100 messages, 83% of the executor samples were that code
     # generation. With few rows per task, interpreting them costs less; with many it costs more. Steady batches on
     # 2 cores, the apply steps (plan, fold, MERGE, bookkeeping, progress), generated -> interpreted
-    # (python -m benchmarks.ab --variant generated-apply): 1,000 events over 3 tables -31% for the whole batch;
-    # 25,000 events, 1 table -15%; 60,000, 1 table -2%; 100,000 over 10 tables -10%; 250,000, 1 table +25%.
+    # (python -m benchmarks.ab --variant generated-apply): 1,000 events over 3 tables -24% to -31% for the whole
+    # batch (two runs); 25,000 events, 1 table -15%; 25,000 over 100 tables 0% (Delta's per-table MERGE overhead
+    # dominates); 60,000, 1 table -2%; 100,000 over 10 tables -10%; 250,000, 1 table +25%.
     # Decoding runs many rows through each large projection and measured up to 20% slower interpreted at 20,000
     # messages, so it keeps the session's setting. The setting is internal to Spark (its switch for tests since
     # 2.4); the interpreted path is the one Spark itself takes whenever generated code fails to compile.
