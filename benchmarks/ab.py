@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from pyspark.sql import functions as F
 
 from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
+from cdclake import pipeline
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import session_settings
@@ -30,49 +32,27 @@ def _nothing(_: Any) -> Iterator[None]:
     yield
 
 
-@contextmanager
-def _merge_settings_off(_: Any) -> Iterator[None]:
+def _merge_settings_off(_: Any) -> AbstractContextManager[Any]:
     """MERGEs with the session's shuffle partitions and Delta's source materialisation (before DeltaSink.merging)."""
-    original = DeltaSink.merging
-    DeltaSink.merging = lambda self, tables, concurrency: nullcontext()  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        DeltaSink.merging = original  # type: ignore[method-assign]
+    return mock.patch.object(DeltaSink, "merging", return_value=nullcontext())
 
 
-@contextmanager
-def _inline_bookkeeping(_: Any) -> Iterator[None]:
+def _write_inline(self: Any, step: str, write: Callable[..., None], *args: object) -> None:
+    with self.result.timed(step):
+        write(*args)
+
+
+def _inline_bookkeeping(_: Any) -> AbstractContextManager[Any]:
     """Bookkeeping appends written inline, in the batch's thread (as before the background writer)."""
-    from cdclake import pipeline
-
-    original = pipeline._Bookkeeping.submit
-
-    def inline(self: Any, step: str, write: Callable[..., None], *args: object) -> None:
-        with self.result.timed(step):
-            write(*args)
-
-    pipeline._Bookkeeping.submit = inline  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        pipeline._Bookkeeping.submit = original  # type: ignore[method-assign]
+    return mock.patch.object(pipeline._Bookkeeping, "submit", _write_inline)
 
 
-@contextmanager
-def _generated_apply(_: Any) -> Iterator[None]:
+def _generated_apply(_: Any) -> AbstractContextManager[Any]:
     """Small batches applied with the session's projection setting (before pipeline.SMALL_BATCH_SETTINGS)."""
-    from cdclake import pipeline
-
-    original = pipeline.SMALL_BATCH_SETTINGS
-    pipeline.SMALL_BATCH_SETTINGS = {}  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        pipeline.SMALL_BATCH_SETTINGS = original  # type: ignore[misc]
+    return mock.patch.object(pipeline, "SMALL_BATCH_SETTINGS", {})
 
 
-VARIANTS: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
+VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
     "same": _nothing,
