@@ -122,13 +122,16 @@ def test_kafka_order_is_the_fallback_position(spark) -> None:
     assert order.startswith("~")  # sorts after every vendor position
 
 
-def test_plan_tables_collects_columns_keys_and_truncates(spark) -> None:
+def test_plan_tables_collects_columns_keys_truncates_and_lowest_orders(spark) -> None:
     truncate = _event("TRUNCATE", "0009", 3)
     truncate.update(before=None, after=None, columns=None, key_columns=None)
+    older = _event("DELETE", "0000", 4, before={"id": "2"})
+    older["columns"] = [{"name": "id", "vendor_type": "LONG", "spark_type": "bigint"}]  # a summary row of its own
     events = [
         _event("INSERT", "0001", 0, after={"id": "1", "a": "x", "b": None}),
         truncate,
         _event("INSERT", "0001", 1, after={"id": "1"}, table="u"),
+        older,
     ]
     events[2]["columns"] = [{"name": "id", "vendor_type": "LONG", "spark_type": "bigint"}]
     plans = {p.table: p for p in apply.plan_tables(spark.createDataFrame(events, model.CANONICAL_SCHEMA))}
@@ -137,6 +140,9 @@ def test_plan_tables_collects_columns_keys_and_truncates(spark) -> None:
     assert plans["t"].truncate_order == "0009/1"
     assert plans["u"].columns == [("id", "bigint")]
     assert plans["u"].truncate_order is None
+    # The lowest order of each table's row events (the TRUNCATE is not one), across its summary rows.
+    assert plans["t"].first_order == "0000/1"
+    assert plans["u"].first_order == "0001/1"
 
 
 def test_configured_keys_override_and_whole_row_fallback(spark) -> None:

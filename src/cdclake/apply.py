@@ -256,6 +256,9 @@ class TablePlan:
     key_columns: list[str]
     truncate_order: str | None = None
     """Order of the newest TRUNCATE in the batch, if any."""
+    first_order: str | None = None
+    """Order of the oldest row event in the batch, if any: every change the batch applies to the table is ordered at
+    or after it (the tombstone gate reads only the tombstones from there on, ``DeltaSink.gate``)."""
     ddl_count: int = 0
     row_events: int = 0
     declared_types: dict[str, set[str]] = field(default_factory=dict)
@@ -295,6 +298,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
             F.max(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("last_order"),
+            F.min(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("first_order"),
             F.max_by(F.col("keys"), F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias(
                 "keys"
             ),
@@ -342,6 +346,8 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             plan.key_columns = list(row["keys"])
         if row["truncate_order"] and (plan.truncate_order or "") < row["truncate_order"]:
             plan.truncate_order = row["truncate_order"]
+        if row["first_order"] is not None and (plan.first_order is None or row["first_order"] < plan.first_order):
+            plan.first_order = row["first_order"]
         plan.ddl_count += row["ddl_count"]
         plan.row_events += row["row_events"]
     return list(plans.values())

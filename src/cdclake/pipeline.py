@@ -463,7 +463,7 @@ class Pipeline:
                 keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
             changes = changes.where(keep)
         with result.timed("fold"):
-            folded = self.sink.gate(apply.fold(changes), [p.table_id for p in plans])
+            folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
             # A local checkpoint, not persist: Delta refuses to MERGE from a source it has not copied when the
             # source plan holds cached data (a cache does not pin the tombstones' Delta version), and the copy is the
             # cost DeltaSink.merging removes.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -146,6 +146,29 @@ def concurrently(work: Callable[[Item], Result], items: Sequence[Item], threads:
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         futures = [pool.submit(work, item) for item in items]
     return [future.result() for future in futures]
+
+
+def _may_gate(lowest_orders: Mapping[str, str | None]) -> Column:
+    """Over the tombstones table: the tombstones of the tables of ``lowest_orders`` that are ordered at or after the
+    table's lowest order (all of a table's tombstones when that is None).
+
+    A change is kept when its order is >= its key's tombstone and > its table's truncate, so a tombstone ordered
+    below every change of its table can never reject one. Tables are grouped by the first character of their
+    lowest order, one bound (the group's lowest) per group: the orders of one source share their first character
+    (digits, ``~`` for Kafka coordinates, ``!`` for full loads), so a lake fed by several sources keeps a tight
+    bound for each, while every tombstone read is tested against a handful of groups, not against every table.
+    """
+    table_id, position = F.col(apply.TABLE_ID), F.col("position")
+    unbounded = sorted(t for t, order in lowest_orders.items() if order is None)
+    groups: dict[str, tuple[list[str], str]] = {}
+    for table, order in sorted(lowest_orders.items()):
+        if order is not None:
+            tables, lowest = groups.get(order[:1], ([], order))
+            groups[order[:1]] = ([*tables, table], min(lowest, order))
+    condition = table_id.isin(*unbounded) if unbounded else F.lit(False)
+    for tables, lowest in groups.values():
+        condition = condition | (table_id.isin(*tables) & (position >= F.lit(lowest)))
+    return condition
 
 
 class DeltaSink:
@@ -479,24 +502,39 @@ class DeltaSink:
 
     TOMBSTONES: Final = "tombstones"
 
-    def _tombstones(self) -> DataFrame | None:
-        """The newest tombstone per key (and per truncated table, under row key ``""``)."""
+    def _tombstones(self, lowest_orders: Mapping[str, str | None]) -> DataFrame | None:
+        """The newest tombstone per key (and per truncated table, under row key ``""``) of the tables of
+        ``lowest_orders`` that can still reject a change: see :meth:`gate`."""
         path = self.system_path(self.TOMBSTONES)
         if not self._exists(path):
             return None
         log = self.spark.read.format("delta").load(path)
-        return log.groupBy(apply.TABLE_ID, apply.ROW_KEY).agg(F.max("position").alias("position"))
+        return (
+            log.where(_may_gate(lowest_orders))
+            .groupBy(apply.TABLE_ID, apply.ROW_KEY)
+            .agg(F.max("position").alias("position"))
+        )
 
-    def gate(self, folded: DataFrame, table_ids: Sequence[str]) -> DataFrame:
-        """Drops folded changes older than their key's tombstone or their table's truncate."""
-        tombstones = self._tombstones()
+    def gate(self, folded: DataFrame, lowest_orders: Mapping[str, str | None]) -> DataFrame:
+        """Drops folded changes older than their key's tombstone or their table's truncate.
+
+        Args:
+            folded: the batch's folded changes (``apply.fold``).
+            lowest_orders: table id -> the lowest order among the table's changes in ``folded`` (``TablePlan.
+                first_order``), or None when not known. A tombstone ordered below it cannot reject any of them, so
+                only the newer ones are read: with Delta's file statistics of ``position``, a stream in source order
+                reads no tombstone file at all, where reading them all grew with every delete of the retention
+                period (10 million tombstones: 5.6 s per batch).
+        """
+        tombstones = self._tombstones(lowest_orders)
         if tombstones is None:
             return folded
-        relevant = tombstones.where(F.col(apply.TABLE_ID).isin(*table_ids))
-        by_key = relevant.where(F.col(apply.ROW_KEY) != "").select(
+        by_key = tombstones.where(F.col(apply.ROW_KEY) != "").select(
             apply.TABLE_ID, apply.ROW_KEY, F.col("position").alias("_tomb")
         )
-        by_table = relevant.where(F.col(apply.ROW_KEY) == "").select(apply.TABLE_ID, F.col("position").alias("_trunc"))
+        by_table = tombstones.where(F.col(apply.ROW_KEY) == "").select(
+            apply.TABLE_ID, F.col("position").alias("_trunc")
+        )
         joined = folded.join(by_key, [apply.TABLE_ID, apply.ROW_KEY], "left").join(
             F.broadcast(by_table), [apply.TABLE_ID], "left"
         )

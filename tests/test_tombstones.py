@@ -1,0 +1,110 @@
+"""The tombstone gate (DeltaSink.gate) reads only the tombstones that can still reject a change of the batch.
+
+A change is kept when its order is >= its key's tombstone and > its table's truncate mark. The pipeline passes each
+table's lowest order in the batch (TablePlan.first_order), and the gate skips every tombstone ordered below it: the
+result must be what reading every tombstone gives, and a stream in source order must not read old tombstone files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from cdclake import apply
+from cdclake.sinks.delta import DeltaSink
+from cdclake.spark import local_frame
+
+pytestmark = pytest.mark.spark
+
+FOLDED_SCHEMA = f"{apply.TABLE_ID} string, {apply.ROW_KEY} string, `{apply.ORDER}` string"
+TOMBSTONE_SCHEMA = "table_id string, row_key string, position string"
+
+
+def _write_tombstones(spark, sink: DeltaSink, rows: list[tuple[str, str, str]]) -> None:  # type: ignore[no-untyped-def]
+    frame = local_frame(spark, rows, TOMBSTONE_SCHEMA).selectExpr(
+        "*", "CAST(NULL AS timestamp) AS event_time", "current_timestamp() AS recorded_at"
+    )
+    sink.append(sink.TOMBSTONES, frame, None)
+
+
+def _gated(spark, sink: DeltaSink, folded: list[tuple[str, str, str]], lowest) -> set[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+    frame = local_frame(spark, folded, FOLDED_SCHEMA)
+    return {tuple(row) for row in sink.gate(frame, lowest).select(apply.TABLE_ID, apply.ROW_KEY, apply.ORDER).collect()}
+
+
+def _order(rng: random.Random, prefix: str) -> str:
+    return f"{prefix}{rng.randrange(1000):04d}/{rng.randrange(2)}"
+
+
+def test_reading_from_each_tables_lowest_order_keeps_what_reading_every_tombstone_keeps(spark, tmp_path: Path) -> None:
+    """A random lake: tables whose orders start with digits, ``~`` (Kafka coordinates) or ``!`` (full loads),
+    tombstones and truncate marks below, at and above each table's lowest order, tables outside the batch."""
+    rng = random.Random(7)
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    tables = [f"db\x1fs\x1ft{i}" for i in range(24)]
+    prefixes = {table: rng.choice(["0", "1", "~", "!"]) for table in tables}
+    folded = [
+        (table, json.dumps([key]), _order(rng, prefixes[table]))
+        for table in tables[:20]
+        for key in rng.sample(range(40), 12)
+    ]
+    lowest = {table: min(order for t, _, order in folded if t == table) for table in tables[:20]}
+    tombstones = []
+    for table in tables:
+        for key in range(40):
+            for _ in range(rng.randrange(3)):
+                tombstones.append((table, json.dumps([key]), _order(rng, rng.choice([prefixes[table], "0", "~"]))))
+        if rng.random() < 0.3:
+            tombstones.append((table, "", _order(rng, prefixes[table])))
+        elif table in lowest and rng.random() < 0.5:
+            tombstones.append((table, "", lowest[table]))  # a truncate at the lowest order voids that change
+    half = len(tombstones) // 2
+    _write_tombstones(spark, sink, tombstones[:half])
+    _write_tombstones(spark, sink, tombstones[half:])
+
+    # Independent reference: the rule itself over every tombstone, in Python.
+    newest: dict[tuple[str, str], str] = {}
+    for table, key, position in tombstones:
+        newest[(table, key)] = max(position, newest.get((table, key), ""))
+    expected = {
+        (table, key, order)
+        for table, key, order in folded
+        if order >= newest.get((table, key), "") and order > newest.get((table, ""), "")
+    }
+    assert 0 < len(expected) < len(folded), "the instance must keep some changes and reject others"
+
+    every_tombstone = _gated(spark, sink, folded, dict.fromkeys(lowest))
+    assert every_tombstone == expected
+    # The pipeline's bounds, and the same with some tables unbounded (a mix of both kinds of condition).
+    assert _gated(spark, sink, folded, lowest) == expected
+    mixed = {table: None if index % 3 == 0 else order for index, (table, order) in enumerate(lowest.items())}
+    assert _gated(spark, sink, folded, mixed) == expected
+
+
+def test_a_batch_newer_than_every_tombstone_reads_no_tombstone_file(spark, tmp_path: Path) -> None:
+    """The bound reaches Delta's data skipping: the files of older tombstones are not even opened (they are removed
+    from disk here, so reading one would fail), while a batch older than them still reads and applies them."""
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    table = "db\x1f\x1ft"
+    _write_tombstones(spark, sink, [(table, json.dumps([k]), f"{100 + k:06d}/1") for k in range(20)])
+    _write_tombstones(spark, sink, [(table, "", "000150/1")])
+    folded = [(table, json.dumps([k]), f"{300 + k:06d}/1") for k in range(30)]
+    assert _gated(spark, sink, folded, {table: "000300/1"}) == set(folded)
+
+    # A truncate at exactly the batch's lowest order still rejects the change at that order.
+    assert _gated(spark, sink, [(table, json.dumps([40]), "000150/1")], {table: "000150/1"}) == set()
+    late = [(table, json.dumps([k]), f"{120:06d}/1") for k in (5, 25)]
+    # Key 5's tombstone (000105/1) is older than the change but the truncate (000150/1) is newer: both rejected.
+    assert _gated(spark, sink, late, {table: "000120/1"}) == set()
+
+    log = Path(sink.system_path(sink.TOMBSTONES))
+    for line in (log / "_delta_log" / f"{0:020d}.json").read_text(encoding="utf-8").splitlines():
+        added = json.loads(line).get("add")
+        if added:
+            (log / added["path"]).unlink()
+    assert _gated(spark, sink, folded, {table: "000300/1"}) == set(folded)
+    with pytest.raises(Exception, match=r"(?i)(FileNotFound|does not exist|FAILED_READ_FILE)"):
+        _gated(spark, sink, folded, {table: None})
