@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,9 @@ def _write_tombstones(spark, sink: DeltaSink, rows: list[tuple[str, str, str]]) 
     sink.append(sink.TOMBSTONES, frame, None)
 
 
-def _gated(spark, sink: DeltaSink, folded: list[tuple[str, str, str]], lowest) -> set[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+def _gated(  # type: ignore[no-untyped-def]
+    spark, sink: DeltaSink, folded: list[tuple[str, str, str]], lowest: Mapping[str, str | None]
+) -> set[tuple[str, str, str]]:
     frame = local_frame(spark, folded, FOLDED_SCHEMA)
     return {tuple(row) for row in sink.gate(frame, lowest).select(apply.TABLE_ID, apply.ROW_KEY, apply.ORDER).collect()}
 

@@ -524,7 +524,8 @@ class DeltaSink:
                 first_order``), or None when not known. A tombstone ordered below it cannot reject any of them, so
                 only the newer ones are read: with Delta's file statistics of ``position``, a stream in source order
                 reads no tombstone file at all, where reading them all grew with every delete of the retention
-                period (10 million tombstones: 5.6 s per batch).
+                period (1,000 changes over 10 tables: 1.6 s at 1 million tombstones, 5.3 s at 10 million; now
+                0.24 s at both, ``python -m benchmarks.gate``).
         """
         tombstones = self._tombstones(lowest_orders)
         if tombstones is None:
