@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
 from cdclake import pipeline
 from cdclake.pipeline import Pipeline, PipelineSettings
+from cdclake.sinks import delta
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import session_settings
 
@@ -52,7 +53,13 @@ def _generated_apply(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(pipeline, "SMALL_BATCH_SETTINGS", {})
 
 
+def _no_key_ranges(_: Any) -> AbstractContextManager[Any]:
+    """MERGEs without the key-range conditions on the target (before delta._key_ranges): every file is read."""
+    return mock.patch.object(delta, "_key_ranges", return_value=[])
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
+    "no-key-ranges": _no_key_ranges,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
     "same": _nothing,

@@ -148,6 +148,62 @@ def concurrently(work: Callable[[Item], Result], items: Sequence[Item], threads:
     return [future.result() for future in futures]
 
 
+_ORDERED_LITERAL_TYPES: Final = frozenset({"tinyint", "smallint", "int", "bigint", "string", "date", "timestamp"})
+
+
+def _has_ordered_literals(spark_type: str) -> bool:
+    """Whether a key column of this type gets a range predicate (:func:`_key_ranges`): types with min/max statistics
+    whose values come back from Spark exactly (no floating point: NaN and -0.0 do not order as literals)."""
+    return spark_type in _ORDERED_LITERAL_TYPES or spark_type.startswith("decimal(")
+
+
+def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list[Column]:
+    """Target-only MERGE conditions: each key column of the target within the range of the source's keys.
+
+    Delta skips the files a MERGE reads by the conditions on the target alone (``getTargetOnlyPredicates``); the
+    key match ``t.k <=> s.k`` is not one, so without these every MERGE reads every file of its table. With them, a
+    batch of new and recently written keys (an auto-increment or time-ordered key) reads only the newest files,
+    whatever the table's size. A target row outside the range matches no source row anyway: the MERGE's outcome is
+    the same. The range comes from the typed source columns themselves (one aggregation over the batch's changes of
+    the table), so literal and values compare exactly; a NULL key (``<=>`` matches NULL to NULL) keeps the target's
+    NULL rows in.
+
+    Args:
+        source: the MERGE source, with the typed key columns ``_c<index>``.
+        keys: (column name, index, Spark type) of the key columns to range.
+    """
+    if not keys:
+        return []
+    aggregates: list[Column] = []
+    for _, index, spark_type in keys:
+        value = F.col(f"_c{index}")
+        # Instants and days as epoch numbers: Python datetimes and dates go through the session's time zone and
+        # java.sql.Date's Julian calendar before 1582, not Spark's proleptic Gregorian one.
+        ordered = F.unix_micros(value) if spark_type == "timestamp" else value
+        ordered = F.unix_date(value) if spark_type == "date" else ordered
+        aggregates += [F.min(ordered), F.max(ordered), F.max(value.isNull())]
+    bounds = source.agg(*aggregates).first()
+    assert bounds is not None  # an aggregation without grouping has one row
+    conditions = []
+    for position, (name, _, spark_type) in enumerate(keys):
+        low, high, has_null = bounds[3 * position : 3 * position + 3]
+        target = F.col(f"t.{quote(name)}")
+
+        def literal(value: object, spark_type: str = spark_type) -> Column:
+            if spark_type == "timestamp":
+                return F.timestamp_micros(F.lit(value))
+            if spark_type == "date":
+                return F.date_from_unix_date(F.lit(value))
+            return F.lit(value).cast(spark_type)
+
+        within = None if low is None else (target >= literal(low)) & (target <= literal(high))
+        if has_null:
+            within = target.isNull() if within is None else within | target.isNull()
+        if within is not None:
+            conditions.append(within)
+    return conditions
+
+
 def _may_gate(lowest_orders: Mapping[str, str | None]) -> Column:
     """Over the tombstones table: the tombstones of the tables of ``lowest_orders`` that are ordered at or after the
     table's lowest order (all of a table's tombstones when that is None).
@@ -477,7 +533,10 @@ class DeltaSink:
         # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
         # a column the message does not declare matches the row's NULL in it.
         match_on = plan.key_columns or [name for name, _ in table_columns]
-        condition = " AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on)
+        condition = F.expr(" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on))
+        ranged = [(k, index_of[k.lower()], table_columns[index_of[k.lower()]][1]) for k in plan.key_columns]
+        for within in _key_ranges(source, [key for key in ranged if _has_ordered_literals(key[2])]):
+            condition = condition & within
         newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
         update_set: dict[str, str | Column] = {
             quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
