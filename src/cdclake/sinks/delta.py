@@ -82,11 +82,15 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+KEYLESS_STATS_COLUMNS: Final = 31
+"""A key-less table keeps statistics on (and its MERGEs range, :func:`_key_ranges`) its first this many columns."""
+
+
 def _stats_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str]) -> list[str]:
     """``delta.dataSkippingStatsColumns`` for MERGE file pruning: the columns the MERGE matches on (the key columns,
     or every column of a key-less table, at most 31) that have min/max statistics, plus the position."""
     types = {name.lower(): spark_type for name, spark_type in columns}
-    matched = list(key_columns) or [name for name, _ in columns][:31]
+    matched = list(key_columns) or [name for name, _ in columns][:KEYLESS_STATS_COLUMNS]
     return [quote(k) for k in matched if _has_statistics(types.get(k.lower()))] + [POSITION_COLUMN]
 
 
@@ -158,7 +162,8 @@ def _has_ordered_literals(spark_type: str) -> bool:
 
 
 def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list[Column]:
-    """Target-only MERGE conditions: each key column of the target within the range of the source's keys.
+    """Target-only MERGE conditions: each matched column of the target (the key columns, or a key-less table's first
+    columns) within the range of the source's values in it.
 
     Delta skips the files a MERGE reads by the conditions on the target alone (``getTargetOnlyPredicates``); the
     key match ``t.k <=> s.k`` is not one, so without these every MERGE reads every file of its table. With them, a
@@ -170,7 +175,7 @@ def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list
 
     Args:
         source: the MERGE source, with the typed key columns ``_c<index>``.
-        keys: (column name, index, Spark type) of the key columns to range.
+        keys: (column name, index, Spark type) of the matched columns to range.
     """
     if not keys:
         return []
@@ -534,7 +539,9 @@ class DeltaSink:
         # a column the message does not declare matches the row's NULL in it.
         match_on = plan.key_columns or [name for name, _ in table_columns]
         condition = F.expr(" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on))
-        ranged = [(k, index_of[k.lower()], table_columns[index_of[k.lower()]][1]) for k in plan.key_columns]
+        # Ranges on the columns with statistics: the key columns, or a key-less table's first ones.
+        ranged = [(k, index_of[k.lower()], table_columns[index_of[k.lower()]][1]) for k in match_on]
+        ranged = ranged if plan.key_columns else ranged[:KEYLESS_STATS_COLUMNS]
         for within in _key_ranges(source, [key for key in ranged if _has_ordered_literals(key[2])]):
             condition = condition & within
         newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
