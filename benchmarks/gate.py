@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks.workload import OUT
@@ -67,17 +69,18 @@ def _folded(spark, changes: int, tables: int, order: str) -> DataFrame:  # type:
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tombstones", default="10000,1000000,10000000", help="table sizes, ascending")
     parser.add_argument("--tables", type=int, default=10)
     parser.add_argument("--changes", type=int, default=1000, help="folded changes in the gated batch")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lake goes")
+    args = parser.parse_args(argv)
     sizes = [int(size) for size in args.tombstones.split(",")]
 
-    spark = get_session("cdclake-bench-gate", master="local[2]", conf={"spark.driver.memory": "3g"})
-    lake = OUT / "gate-lake"
+    spark = spark or get_session("cdclake-bench-gate", master="local[2]", conf={"spark.driver.memory": "3g"})
+    lake = args.out / "gate-lake"
     shutil.rmtree(lake, ignore_errors=True)
     sink = DeltaSink(spark, str(lake))
     table_ids = [f"db\x1f\x1ft{i}" for i in range(args.tables)]

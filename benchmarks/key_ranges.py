@@ -16,7 +16,9 @@ import argparse
 import shutil
 import statistics
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
+from pathlib import Path
 from unittest import mock
 
 from pyspark.sql import DataFrame, SparkSession
@@ -90,20 +92,21 @@ def _changes(spark: SparkSession, top: int, changes: int, batch: int) -> DataFra
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="20000000,100000000", help="table sizes")
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--changes", type=int, default=10_000)
     parser.add_argument("--batches", type=int, default=3, help="MERGEs per way and size")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lake goes")
+    args = parser.parse_args(argv)
 
-    spark = get_session("cdclake-bench-key-ranges", master="local[2]", conf={"spark.driver.memory": "3g"})
+    spark = spark or get_session("cdclake-bench-key-ranges", master="local[2]", conf={"spark.driver.memory": "3g"})
     print(f"{args.changes:,} upserts per MERGE (half new ids, half recent ones), {args.files} files; seconds")
     print("| rows | without key range (best / median) | with key range (best / median) | without / with |")
     print("|---:|---:|---:|---:|")
     for rows in (int(size) for size in args.rows.split(",")):
-        lake = OUT / "key-ranges-lake"
+        lake = args.out / "key-ranges-lake"
         shutil.rmtree(lake, ignore_errors=True)
         sink = DeltaSink(spark, str(lake))
         plan = TablePlan("db\x1f\x1ft", "db", None, "t", list(COLUMNS), ["id"])

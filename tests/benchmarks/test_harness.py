@@ -58,3 +58,25 @@ def test_memory_sampler_sees_this_process() -> None:
     with PeakSampler(interval=0.01) as sampler:
         pass
     assert sampler.peak >= driver_rss() // 2 > 0
+
+
+@pytest.mark.spark
+def test_the_lake_size_benchmarks_print_a_row_of_figures_per_size(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m benchmarks.gate`` and ``benchmarks.key_ranges`` on tiny sizes: one table row per size, every figure
+    a positive number, and the scratch lake removed."""
+    from benchmarks import gate, key_ranges
+
+    gate.main(["--tombstones", "200,2000", "--changes", "50", "--repeats", "1", "--out", str(tmp_path)], spark=spark)
+    key_ranges.main(
+        ["--rows", "20000", "--files", "4", "--changes", "200", "--batches", "1", "--out", str(tmp_path)], spark=spark
+    )
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split(" | ")[0] for row in rows] == ["| 200", "| 2,000", "| 20,000"]
+    for row in rows:
+        cells = [cell.strip().removesuffix("x") for cell in row.strip("| ").split("|")[1:]]
+        figures = [float(value) for cell in cells for value in cell.split(" / ")]
+        assert len(figures) >= 4, row
+        assert all(value > 0 for value in figures), row
+    assert list(tmp_path.iterdir()) == []
