@@ -41,7 +41,8 @@ def _position(number: int) -> str:
 
 
 def _tombstones(spark, first: int, count: int, tables: int, chunk: int) -> DataFrame:  # type: ignore[no-untyped-def]
-    """Tombstones ``first`` .. ``first + count - 1`` (one per number, ordered by it), every ``chunk``-th one's."""
+    """The tombstones numbered ``first`` .. ``first + count - 1`` (each ordered by its number) that fall in append
+    ``chunk``: those whose number modulo ``APPENDS_PER_STEP`` is ``chunk``."""
     return (
         spark.range(first, first + count)
         .where(F.col("id") % APPENDS_PER_STEP == chunk)

@@ -83,14 +83,19 @@ def _sql_string(text: str) -> str:
 
 
 KEYLESS_STATS_COLUMNS: Final = 31
-"""A key-less table keeps statistics on (and its MERGEs range, :func:`_key_ranges`) its first this many columns."""
+
+
+def _pruned_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str]) -> list[str]:
+    """The matched columns a MERGE prunes files by (statistics, :func:`_key_ranges`): the key columns, or a key-less
+    table's first :data:`KEYLESS_STATS_COLUMNS` columns (it is matched on all of them)."""
+    return list(key_columns) or [name for name, _ in columns][:KEYLESS_STATS_COLUMNS]
 
 
 def _stats_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str]) -> list[str]:
-    """``delta.dataSkippingStatsColumns`` for MERGE file pruning: the columns the MERGE matches on (the key columns,
-    or every column of a key-less table, at most 31) that have min/max statistics, plus the position."""
+    """``delta.dataSkippingStatsColumns`` for MERGE file pruning: the :func:`_pruned_columns` that have min/max
+    statistics, plus the position."""
     types = {name.lower(): spark_type for name, spark_type in columns}
-    matched = list(key_columns) or [name for name, _ in columns][:KEYLESS_STATS_COLUMNS]
+    matched = _pruned_columns(columns, key_columns)
     return [quote(k) for k in matched if _has_statistics(types.get(k.lower()))] + [POSITION_COLUMN]
 
 
@@ -221,13 +226,13 @@ def _may_gate(lowest_orders: Mapping[str, str | None]) -> Column:
     """
     table_id, position = F.col(apply.TABLE_ID), F.col("position")
     unbounded = sorted(t for t, order in lowest_orders.items() if order is None)
-    groups: dict[str, tuple[list[str], str]] = {}
+    groups: dict[str, list[str]] = {}
     for table, order in sorted(lowest_orders.items()):
         if order is not None:
-            tables, lowest = groups.get(order[:1], ([], order))
-            groups[order[:1]] = ([*tables, table], min(lowest, order))
+            groups.setdefault(order[:1], []).append(table)
     condition = table_id.isin(*unbounded) if unbounded else F.lit(False)
-    for tables, lowest in groups.values():
+    for tables in groups.values():
+        lowest = min(lowest_orders[table] or "" for table in tables)
         condition = condition | (table_id.isin(*tables) & (position >= F.lit(lowest)))
     return condition
 
@@ -539,10 +544,9 @@ class DeltaSink:
         # a column the message does not declare matches the row's NULL in it.
         match_on = plan.key_columns or [name for name, _ in table_columns]
         condition = F.expr(" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on))
-        # Ranges on the columns with statistics: the key columns, or a key-less table's first ones.
-        ranged = [(k, index_of[k.lower()], table_columns[index_of[k.lower()]][1]) for k in match_on]
-        ranged = ranged if plan.key_columns else ranged[:KEYLESS_STATS_COLUMNS]
-        for within in _key_ranges(source, [key for key in ranged if _has_ordered_literals(key[2])]):
+        pruned = [(k, index_of[k.lower()]) for k in _pruned_columns(table_columns, plan.key_columns)]
+        ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
+        for within in _key_ranges(source, ranged):
             condition = condition & within
         newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
         update_set: dict[str, str | Column] = {
