@@ -69,12 +69,8 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "materialize-source": lambda spark: session_settings(
         spark, {"spark.databricks.delta.merge.materializeSource": "auto"}
     ),
-    "deletion-vectors": lambda spark: session_settings(
-        spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}
-    ),
-    "no-deletion-vectors": lambda spark: session_settings(
-        spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "false"}
-    ),
+    "deletion-vectors-always": _nothing,
+    "deletion-vectors-never": _nothing,
     "shuffle-2": lambda spark: session_settings(spark, {"spark.sql.shuffle.partitions": "2"}),
     "shuffle-8": lambda spark: session_settings(spark, {"spark.sql.shuffle.partitions": "8"}),
     "no-stats-collection": lambda spark: session_settings(spark, {"spark.databricks.delta.stats.collect": "false"}),
@@ -92,7 +88,8 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "threads-8": _nothing,
     "threads-16": _nothing,
 }
-"""Variants named ``threads-N`` run the side's pipeline with ``merge_threads=N``."""
+"""Variants named ``threads-N`` run the side's pipeline with ``merge_threads=N``, ``deletion-vectors-M`` with
+``deletion_vectors=M``."""
 
 
 def main() -> None:
@@ -133,6 +130,8 @@ def main() -> None:
         threads = int(name.removeprefix("threads-")) if name.startswith("threads-") else args.merge_threads
         if threads:
             settings = PipelineSettings(**{**settings.__dict__, "merge_threads": threads})
+        if name.startswith("deletion-vectors-"):
+            settings = PipelineSettings(**{**settings.__dict__, "deletion_vectors": name.rsplit("-", 1)[1]})
         pipelines[side] = Pipeline(spark, settings)
     totals: dict[str, float] = dict.fromkeys(sides, 0.0)
     steps: dict[str, dict[str, float]] = {side: {} for side in sides}

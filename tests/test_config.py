@@ -31,6 +31,8 @@ def test_good_config_defaults() -> None:
     assert options["subscribe"] == "t"
     assert options["startingOffsets"] == "earliest"
     assert options["maxOffsetsPerTrigger"] == "200000"
+    assert config.deletion_vectors == "auto"
+    assert parse_config({**GOOD, "deletion_vectors": "never"}).deletion_vectors == "never"
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,7 @@ def test_good_config_defaults() -> None:
         (_with(trigger={"processing_time": 5}), "trigger.processing_time", "10 seconds"),
         (_with(lakes="/x"), "lakes", "spelling"),
         (_with(keys={"crm.t": []}), "keys", "keys: {crm.audit_log: [id]}"),
+        (_with(deletion_vectors="sometimes"), "deletion_vectors", "`always` or `never`"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:

@@ -26,6 +26,7 @@ Example::
       changelog: true                              # every table, or a list: [crm.customer, shop.orders]
       scd2: [crm.customer]
     transactions: {consistent: true}               # apply only complete source transactions (README)
+    deletion_vectors: auto                         # auto | always | never (README: Deletion vectors)
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ FIXES: dict[str, str] = {
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
     "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
     "or a list of `db.table` names",
+    "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
     "transactions": (
         "use `transactions: {consistent: true}`, optionally with the limits `max_open_seconds: 600` and "
         "`max_pending_messages: 100000` (both > 0)"
@@ -176,6 +178,7 @@ class PipelineConfig(_Strict):
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
+    deletion_vectors: Literal["auto", "always", "never"] = "auto"
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)

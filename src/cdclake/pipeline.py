@@ -46,7 +46,7 @@ from cdclake.formats.base import (
 )
 from cdclake.model import Op
 from cdclake.sinks import history
-from cdclake.sinks.delta import DeltaSink, Txn, concurrently, in_turns, turn_marker
+from cdclake.sinks.delta import DeletionVectors, DeltaSink, Txn, concurrently, in_turns, turn_marker
 from cdclake.spark import local_frame, session_settings
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,8 @@ class PipelineSettings:
             by more than this (source event time) is applied anyway, with a warning.
         transaction_max_pending_messages: an open transaction holding back more messages than this is applied
             anyway, with a warning.
+        deletion_vectors: when lake tables use Delta deletion vectors: ``auto``, ``always`` or ``never`` (see
+            :class:`cdclake.sinks.delta.DeltaSink`).
     """
 
     lake: str
@@ -151,6 +153,7 @@ class PipelineSettings:
     transaction_consistent: bool = False
     transaction_max_open_seconds: float = DEFAULT_TRANSACTION_MAX_OPEN_SECONDS
     transaction_max_pending_messages: int = DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
+    deletion_vectors: DeletionVectors = "auto"
 
 
 @dataclass
@@ -231,7 +234,7 @@ class Pipeline:
     def __init__(self, spark: SparkSession, settings: PipelineSettings) -> None:
         self.spark = spark
         self.settings = settings
-        self.sink = DeltaSink(spark, settings.lake)
+        self.sink = DeltaSink(spark, settings.lake, settings.deletion_vectors)
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
         self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies)

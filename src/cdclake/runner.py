@@ -14,6 +14,7 @@ from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
+from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
 
@@ -143,6 +144,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         transaction_consistent=config.transactions.consistent,
         transaction_max_open_seconds=config.transactions.max_open_seconds,
         transaction_max_pending_messages=config.transactions.max_pending_messages,
+        deletion_vectors=config.deletion_vectors,
     )
 
 
@@ -196,10 +198,12 @@ def replay(
     changelog: TableSelection = False,
     scd2: TableSelection = False,
     transaction_consistent: bool = False,
+    deletion_vectors: DeletionVectors = "auto",
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
-    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history).
+    ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
+    ``deletion_vectors`` when lake tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
@@ -219,6 +223,7 @@ def replay(
         changelog=changelog,
         scd2=scd2,
         transaction_consistent=transaction_consistent,
+        deletion_vectors=deletion_vectors,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []

@@ -80,3 +80,25 @@ def test_the_lake_size_benchmarks_print_a_row_of_figures_per_size(
         assert len(figures) >= 4, row
         assert all(value > 0 for value in figures), row
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.spark
+def test_the_deletion_vectors_benchmark_prints_a_row_of_figures_per_size(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m benchmarks.deletion_vectors`` on tiny sizes: per size, the table's size, what copy-on-write
+    rewrote, positive timings of both ways, and auto's decision (copy-on-write: such tables rewrite far too little)."""
+    from benchmarks import deletion_vectors
+
+    argv = ["--rows", "60000,120000", "--files", "2", "--changes", "100", "--batches", "1", "--out", str(tmp_path)]
+    deletion_vectors.main(argv, spark=spark)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split(" | ")[0] for row in rows] == ["| 60,000", "| 120,000"]
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("| ").split("|")]
+        assert float(cells[2].removesuffix(" MiB")) > 0, row  # each MERGE updated rows of the compacted file
+        timings = [float(value) for cell in cells[3:6] for value in cell.split(" / ")]
+        assert len(timings) == 5, row
+        assert all(value > 0 for value in timings), row
+        assert cells[6] == "copy-on-write", row
+    assert list(tmp_path.iterdir()) == []

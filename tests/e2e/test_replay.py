@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -119,11 +120,14 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path) ->
     history, messages = workload(seed=16, events=60)
     path = write_lines(tmp_path / "dw.jsonl", messages)
     history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
-    done = CliRunner().invoke(app, ["replay", "--format", "auto", "--lake", lake, *history_flags, str(path)])
+    args = ["replay", "--format", "auto", "--lake", lake, *history_flags, "--deletion-vectors", "always", str(path)]
+    done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert "detected dataworks-json" in done.stderr
     assert "crm/customer" in done.stdout
     assert "3 dead letters" in done.stdout
+    # The lake tables use deletion vectors; the truth is read back through delta-rs, which applies them.
+    assert "deletionVectors" in (DeltaTable(str(Path(lake, "crm", "customer"))).protocol().reader_features or [])
     assert_lake_equals_truth(lake, history)
     # history tables for the table named only (`all` selects every table: test_cli_table_selection)
     assert [p.name for p in Path(lake, "_cdclake", "changelog", "crm").iterdir()] == ["customer"]
@@ -148,6 +152,7 @@ def test_cli_table_selection() -> None:
         (["--format", "dataworks-json", "--lake", "L", "--keys", "crm.t", "README.md"], "expected db.table=col1,col2"),
         (["--format", "canal-json", "--lake", "L", "--option", "zone", "README.md"], "'zone' is not name=value"),
         (["--format", "canal-json", "--lake", "L", "--sequence-by", "t", "README.md"], "expected db.table=column"),
+        (["--format", "canal-json", "--lake", "L", "--deletion-vectors", "yes", "README.md"], "--deletion-vectors"),
     ],
 )
 def test_cli_replay_rejects_bad_arguments(args: list[str], message: str) -> None:

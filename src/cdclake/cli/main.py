@@ -136,12 +136,20 @@ def replay(
         list[str] | None,
         typer.Option(help="Keep an SCD type 2 history table for this table (db.table), or `all`; repeatable."),
     ] = None,
+    deletion_vectors: Annotated[
+        str,
+        typer.Option(
+            help="When lake tables use Delta deletion vectors: auto (once their MERGEs rewrite enough), always, never."
+        ),
+    ] = "auto",
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
         raise InputError(f"--input-encoding must be 'lines' or 'b64', not {input_encoding!r}")
     if ddl_policy not in ("evolve", "ignore", "fail"):
         raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
+    if deletion_vectors not in ("auto", "always", "never"):
+        raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
     from cdclake.formats import get_format
     from cdclake.runner import replay as run_replay
     from cdclake.sources.files import check_files
@@ -173,6 +181,7 @@ def replay(
             sequence_by=sequence_map,
             changelog=_table_selection(changelog or []),
             scd2=_table_selection(scd2 or []),
+            deletion_vectors=deletion_vectors,  # type: ignore[arg-type]
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
     _print_summary(spark, lake, results)

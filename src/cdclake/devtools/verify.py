@@ -54,12 +54,17 @@ def read_table(path: str) -> list[dict[str, Any]]:
     from deltalake import DeltaTable
 
     # delta-rs resolves the log to the live data files; pyarrow reads them. (Letting delta-rs or pyarrow.dataset
-    # scan aborts the interpreter at exit now and then, a thread-teardown race; this path does not.) A table with
-    # deletion vectors would need them applied, so it is refused rather than misread.
+    # scan aborts the interpreter at exit now and then, a thread-teardown race; this path does not.) A live file
+    # of a table with deletion vectors still holds the rows its vector marks deleted: such tables are read through
+    # delta-rs' DataFusion engine, which applies them (its pyarrow dataset refuses them).
     table = DeltaTable(path)
     if "deletionVectors" in (table.protocol().reader_features or []):
-        raise ValueError(f"{path} uses deletion vectors, which this reader does not apply")
-    rows = [row for uri in table.file_uris() for row in pq.read_table(uri.removeprefix("file://")).to_pylist()]
+        import pyarrow as pa
+        from deltalake import QueryBuilder
+
+        rows = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()).to_pylist()
+    else:
+        rows = [row for uri in table.file_uris() for row in pq.read_table(uri.removeprefix("file://")).to_pylist()]
     return [{k: _normalise(v) for k, v in row.items() if not k.startswith(METADATA_PREFIX)} for row in rows]
 
 

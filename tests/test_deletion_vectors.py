@@ -1,0 +1,153 @@
+"""When lake tables use deletion vectors (``deletion_vectors``: auto, always, never), read back from each table's
+Delta log and through an independent reader (delta-rs), which must see exactly the rows the changes leave."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from cdclake.devtools.verify import read_table
+from cdclake.runner import replay
+from cdclake.sinks.delta import DeltaSink
+from tests.test_ddl import row_message
+
+pytestmark = pytest.mark.spark
+
+TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
+
+
+def _rows(ids: range, v: str | None = None) -> list[dict[str, str]]:
+    return [{"id": str(i), "v": v or f"v{i}"} for i in ids]
+
+
+def _update(ids: range, v: str) -> str:
+    return row_message("UPDATE", "t", _rows(ids, v), TYPES, old=_rows(ids))
+
+
+# One message per batch, so one MERGE each: inserts, an update, a delete, another update, more inserts.
+MESSAGES = [
+    row_message("INSERT", "t", _rows(range(40)), TYPES),
+    _update(range(10), "u1"),
+    row_message("DELETE", "t", _rows(range(10, 15)), TYPES),
+    _update(range(20, 25), "u2"),
+    row_message("INSERT", "t", _rows(range(40, 45)), TYPES),
+]
+EXPECTED = [
+    {"id": i, "v": "u1" if i < 10 else "u2" if 20 <= i < 25 else f"v{i}"} for i in range(45) if not 10 <= i < 15
+]
+
+
+def _replay(spark: Any, lake: Path, messages: list[str], name: str, **options: Any) -> None:
+    capture = lake.parent / f"{name}.jsonl"
+    capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)], batch_lines=1, **options)
+
+
+def _commits(table: Path) -> list[tuple[str, dict[str, str]]]:
+    """(operation, operation metrics) of the table's commits, oldest first, without auto compaction's OPTIMIZEs
+    (Delta decides when they follow a commit)."""
+    out = []
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info["operation"] != "OPTIMIZE":
+                out.append((info["operation"], dict(info.get("operationMetrics") or {})))
+    return out
+
+
+def _uses_vectors(metrics: dict[str, str]) -> bool:
+    """A MERGE that marked rows in deletion vectors and rewrote no file."""
+    marked = int(metrics["numTargetDeletionVectorsAdded"]) + int(metrics["numTargetDeletionVectorsUpdated"])
+    return marked > 0 and metrics["numTargetBytesRemoved"] == "0"
+
+
+def _rewrites(metrics: dict[str, str]) -> bool:
+    """A copy-on-write MERGE that replaced rows: it rewrote their files, no deletion vector."""
+    return int(metrics["numTargetBytesRemoved"]) > 0 and metrics["numTargetDeletionVectorsAdded"] == "0"
+
+
+def _reads_back(table: Path) -> list[dict[str, Any]]:
+    return sorted(read_table(str(table)), key=lambda row: row["id"])
+
+
+def test_always_applies_replaced_and_deleted_rows_through_deletion_vectors(spark, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    _replay(spark, lake, MESSAGES, "always", deletion_vectors="always")
+    table = lake / "crm" / "t"
+
+    assert "deletionVectors" in (DeltaTable(str(table)).protocol().reader_features or [])
+    merges = [metrics for operation, metrics in _commits(table) if operation == "MERGE"]
+    assert len(merges) == len(MESSAGES)
+    # The updates and the delete mark the old rows instead of rewriting the file that holds them.
+    assert [_uses_vectors(m) for m in merges] == [False, True, True, True, False]
+    assert _reads_back(table) == EXPECTED
+    # The data files still hold the replaced and deleted rows: the reader above applied the vectors.
+    stored = sum(pq.read_metadata(uri.removeprefix("file://")).num_rows for uri in DeltaTable(str(table)).file_uris())
+    assert stored == len(EXPECTED) + 10 + 5 + 5
+
+
+def test_auto_switches_a_table_once_its_merges_rewrite_enough_and_only_once(spark, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    table = lake / "crm" / "t"
+    # Any rewrite is enough here, and the rewrites are looked at after every MERGE.
+    with (
+        mock.patch.object(DeltaSink, "DELETION_VECTORS_REWRITE_BYTES", 1),
+        mock.patch.object(DeltaSink, "DELETION_VECTORS_CHECK_EVERY", 1),
+    ):
+        _replay(spark, lake, MESSAGES, "auto")
+        commits = _commits(table)
+        # The inserts rewrite nothing; the first update rewrites the file (median of the two MERGEs > 0), so the
+        # table switches before the next batch's MERGE, which marks the deleted rows instead.
+        assert [operation for operation, _ in commits] == [
+            "CREATE TABLE",
+            "MERGE",
+            "MERGE",
+            "SET TBLPROPERTIES",
+            "MERGE",
+            "MERGE",
+            "MERGE",
+        ]
+        assert _rewrites(commits[2][1])
+        assert _uses_vectors(commits[4][1])
+        assert _uses_vectors(commits[5][1])
+        assert _reads_back(table) == EXPECTED
+
+        # A new run finds the vectors in the table's MERGEs and does not switch again.
+        _replay(spark, lake, [_update(range(30, 35), "u3")], "later")
+    later = _commits(table)[len(commits) :]
+    assert [operation for operation, _ in later] == ["MERGE"]
+    assert _uses_vectors(later[0][1])
+    expected = [{**row, "v": "u3"} if 30 <= row["id"] < 35 else row for row in EXPECTED]
+    assert _reads_back(table) == expected
+
+
+@pytest.mark.parametrize("mode", ["never", "auto"])
+def test_a_table_stays_copy_on_write_until_always_switches_it(spark, tmp_path: Path, mode: str) -> None:
+    """``never`` does not switch however much MERGEs rewrite; ``auto`` does not switch a table whose MERGEs rewrite
+    less than its threshold (kilobytes here). ``always`` then switches the existing table on first use."""
+    lake = tmp_path / "lake"
+    table = lake / "crm" / "t"
+    threshold = 1 if mode == "never" else DeltaSink.DELETION_VECTORS_REWRITE_BYTES
+    with (
+        mock.patch.object(DeltaSink, "DELETION_VECTORS_REWRITE_BYTES", threshold),
+        mock.patch.object(DeltaSink, "DELETION_VECTORS_CHECK_EVERY", 1),
+    ):
+        _replay(spark, lake, MESSAGES, mode, deletion_vectors=mode)
+    commits = _commits(table)
+    assert [operation for operation, _ in commits] == ["CREATE TABLE", *["MERGE"] * len(MESSAGES)]
+    assert [_rewrites(metrics) for _, metrics in commits[1:]] == [False, True, True, True, False]
+    assert "deletionVectors" not in (DeltaTable(str(table)).protocol().reader_features or [])
+    assert _reads_back(table) == EXPECTED
+
+    _replay(spark, lake, [_update(range(30, 35), "u3")], "always", deletion_vectors="always")
+    later = _commits(table)[len(commits) :]
+    assert [operation for operation, _ in later] == ["SET TBLPROPERTIES", "MERGE"]
+    assert _uses_vectors(later[1][1])
+    expected = [{**row, "v": "u3"} if 30 <= row["id"] < 35 else row for row in EXPECTED]
+    assert _reads_back(table) == expected
