@@ -151,3 +151,26 @@ def test_a_table_stays_copy_on_write_until_always_switches_it(spark, tmp_path: P
     assert _uses_vectors(later[1][1])
     expected = [{**row, "v": "u3"} if 30 <= row["id"] < 35 else row for row in EXPECTED]
     assert _reads_back(table) == expected
+
+
+def test_history_tables_follow_the_mode_and_keep_the_same_rows(spark, tmp_path: Path) -> None:
+    """An SCD2 table closes a key's current row on each change (a MERGE update): with ``always`` it marks the old
+    row instead of rewriting its file, and holds exactly the rows the copy-on-write table holds."""
+    lakes = {mode: tmp_path / mode / "lake" for mode in ("always", "never")}
+    for mode, lake in lakes.items():
+        lake.parent.mkdir()
+        _replay(spark, lake, MESSAGES, mode, deletion_vectors=mode, scd2=True, changelog=True)
+    history = {mode: lake / "_cdclake" / "scd2" / "crm" / "t" for mode, lake in lakes.items()}
+    for mode, lake in lakes.items():
+        for kind in ("scd2", "changelog"):
+            features = DeltaTable(str(lake / "_cdclake" / kind / "crm" / "t")).protocol().reader_features or []
+            assert ("deletionVectors" in features) == (mode == "always"), (mode, kind)
+    merges = [metrics for operation, metrics in _commits(history["always"]) if operation == "MERGE"]
+    assert [_uses_vectors(m) for m in merges] == [False, True, True, True, False]
+
+    def rows(table: Path) -> list[tuple[Any, ...]]:
+        return sorted(tuple(row) for row in spark.read.format("delta").load(str(table)).collect())
+
+    assert rows(history["always"]) == rows(history["never"])
+    # A version per insert and update, a marker per delete.
+    assert len(rows(history["always"])) == 40 + 10 + 5 + 5 + 5

@@ -250,15 +250,16 @@ class DeltaSink:
     Args:
         spark: the session.
         lake: the lake directory (local path or any Hadoop file system URI).
-        deletion_vectors: when lake tables use deletion vectors, so that a MERGE marks the rows it replaces or
-            deletes instead of rewriting the files that hold them (copy-on-write):
+        deletion_vectors: when lake tables and history tables (``cdclake.sinks.history``) use deletion vectors,
+            so that a MERGE marks the rows it replaces or deletes instead of rewriting the files that hold them
+            (copy-on-write):
 
             * ``auto`` (default): tables start copy-on-write; one whose recent MERGEs rewrote a median of at least
               :attr:`DELETION_VECTORS_REWRITE_BYTES` per MERGE switches to deletion vectors, for good (before its
               next batch's MERGE). Copy-on-write rewrites every file a change touches, whole, so its cost grows
               with the table's files; a MERGE with deletion vectors costs a fixed extra pass (python -m
               benchmarks.deletion_vectors).
-            * ``always``: every lake table uses them (tables created before are switched on first use).
+            * ``always``: every such table uses them (tables created before are switched on first use).
             * ``never``: cdclake creates tables without them and never switches one (for readers that cannot
               apply deletion vectors); a table that has them keeps them.
 
@@ -367,8 +368,7 @@ class DeltaSink:
     def ensure_table(self, plan: TablePlan) -> list[tuple[str, str]]:
         """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns."""
         path = self.table_path(plan.database, plan.schema, plan.table)
-        if path in self._switch_to_deletion_vectors:
-            self._use_deletion_vectors(path)
+        self.prepare_deletion_vectors(path)
         cached = self._columns.get(path)
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
@@ -383,16 +383,8 @@ class DeltaSink:
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
                 # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
                 .property("delta.dataSkippingStatsColumns", ",".join(self._stats_columns(plan)))
-                # Explicit either way, so that a session default does not decide for the deletion_vectors mode.
-                .property(ENABLE_DELETION_VECTORS, str(self.deletion_vectors == "always").lower())
+                .property(ENABLE_DELETION_VECTORS, self.deletion_vectors_at_creation)
             ).execute()
-            if self.deletion_vectors == "always":
-                self._with_deletion_vectors.add(path)
-        elif self.deletion_vectors == "always" and path not in self._with_deletion_vectors:
-            if self._has_deletion_vectors(path):
-                self._with_deletion_vectors.add(path)
-            else:
-                self._use_deletion_vectors(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}
         missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
@@ -624,14 +616,37 @@ class DeltaSink:
             .whenNotMatchedInsert(condition=f"s._k = '{apply.UPSERT}'", values=insert_values)
             .execute()
         )
-        if self.deletion_vectors == "auto" and path not in self._with_deletion_vectors:
-            merges = self._merges.get(path, zlib.crc32(path.encode("utf-8")))
-            self._merges[path] = merges + 1
-            if merges % self.DELETION_VECTORS_CHECK_EVERY == 0:
-                self.review_rewrites(path)
+        self.merged(path)
 
     # ---------------------------------------------------------------------------------------------------------
-    # Deletion vectors (the ``deletion_vectors`` mode)
+    # Deletion vectors (the ``deletion_vectors`` mode), for the lake tables and the history tables
+
+    @property
+    def deletion_vectors_at_creation(self) -> str:
+        """``delta.enableDeletionVectors`` of a table cdclake creates: explicit either way, so that a session
+        default does not decide instead of the ``deletion_vectors`` mode."""
+        return str(self.deletion_vectors == "always").lower()
+
+    def prepare_deletion_vectors(self, path: str) -> None:
+        """Before a batch writes the table at ``path`` (outside the batch's commit marker): switches it to deletion
+        vectors if ``auto`` marked it (:meth:`review_rewrites`), or if ``always`` finds it without them."""
+        if path in self._switch_to_deletion_vectors:
+            self._use_deletion_vectors(path)
+        elif self.deletion_vectors == "always" and path not in self._with_deletion_vectors and self._exists(path):
+            if self._has_deletion_vectors(path):
+                self._with_deletion_vectors.add(path)
+            else:
+                self._use_deletion_vectors(path)
+
+    def merged(self, path: str) -> None:
+        """After a MERGE into the table at ``path``: ``auto`` counts it, and looks at the table's recent MERGEs
+        after one in :attr:`DELETION_VECTORS_CHECK_EVERY` of them."""
+        if self.deletion_vectors != "auto" or path in self._with_deletion_vectors:
+            return
+        merges = self._merges.get(path, zlib.crc32(path.encode("utf-8")))
+        self._merges[path] = merges + 1
+        if merges % self.DELETION_VECTORS_CHECK_EVERY == 0:
+            self.review_rewrites(path)
 
     def review_rewrites(self, path: str) -> bool:
         """``auto``'s rule: marks the table at ``path`` for deletion vectors, and returns True, when its recent

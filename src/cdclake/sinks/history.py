@@ -52,6 +52,7 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.model import Op
 from cdclake.sinks.delta import (
+    ENABLE_DELETION_VECTORS,
     EVENT_TIME_COLUMN,
     OP_COLUMN,
     POSITION_COLUMN,
@@ -312,6 +313,7 @@ class HistorySink:
 
         ``stats``: metadata columns that get min/max statistics, beside the key columns.
         """
+        self.sink.prepare_deletion_vectors(path)
         cached = self._schemas.get(path)
         if cached is not None and not _missing(cached, wanted) and not self._to_retype(path, cached, wanted):
             return cached
@@ -328,6 +330,7 @@ class HistorySink:
                 .property("cdclake.keyColumns", ",".join(plan.key_columns))
                 # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
                 .property("delta.dataSkippingStatsColumns", ",".join([*map(quote, keys), *stats]))
+                .property(ENABLE_DELETION_VECTORS, self.sink.deletion_vectors_at_creation)
             ).execute()
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         missing = _missing(schema, wanted)
@@ -486,6 +489,7 @@ class HistorySink:
             .whenNotMatchedInsert(values=insert)
             .execute()
         )
+        self.sink.merged(path)
 
     @staticmethod
     def _typed_or_null(image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
@@ -712,6 +716,7 @@ class HistorySink:
             .whenNotMatchedInsert(condition=F.col("s._action") == "I", values=insert)
             .execute()
         )
+        self.sink.merged(path)
 
 
 def _differing_types(schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:
