@@ -129,8 +129,8 @@ class PipelineSettings:
             by more than this (source event time) is applied anyway, with a warning.
         transaction_max_pending_messages: an open transaction holding back more messages than this is applied
             anyway, with a warning.
-        deletion_vectors: when lake tables use Delta deletion vectors: ``auto``, ``always`` or ``never`` (see
-            :class:`cdclake.sinks.delta.DeltaSink`).
+        deletion_vectors: when lake and history tables use Delta deletion vectors: ``auto``, ``always`` or
+            ``never`` (see :class:`cdclake.sinks.delta.DeltaSink`).
     """
 
     lake: str

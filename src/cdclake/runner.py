@@ -203,7 +203,7 @@ def replay(
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
-    ``deletion_vectors`` when lake tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink).
+    ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first

@@ -139,7 +139,8 @@ def replay(
     deletion_vectors: Annotated[
         str,
         typer.Option(
-            help="When lake tables use Delta deletion vectors: auto (once their MERGEs rewrite enough), always, never."
+            help="When lake and history tables use Delta deletion vectors: auto (once their MERGEs rewrite enough), "
+            "always, never."
         ),
     ] = "auto",
 ) -> None:
