@@ -3,6 +3,7 @@ Delta log and through an independent reader (delta-rs), which must see exactly t
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,33 @@ def test_history_tables_follow_the_mode_and_keep_the_same_rows(spark, tmp_path: 
     assert rows(history["always"]) == rows(history["never"])
     # A version per insert and update, a marker per delete.
     assert len(rows(history["always"])) == 40 + 10 + 5 + 5 + 5
+
+
+def test_auto_looks_at_each_table_once_every_25_merges_staggered_by_table(spark) -> None:  # type: ignore[no-untyped-def]
+    sink = DeltaSink(spark, "/lake")
+    paths = [f"/lake/db/t{i}" for i in range(40)]
+    reviewed: dict[str, list[int]] = {path: [] for path in paths}
+    done = dict.fromkeys(paths, 0)
+
+    def review(path: str) -> bool:
+        reviewed[path].append(done[path])
+        return False
+
+    with mock.patch.object(sink, "review_rewrites", side_effect=review):
+        for _ in range(100):
+            for path in paths:
+                sink.merged(path)
+                done[path] += 1
+    every = DeltaSink.DELETION_VECTORS_CHECK_EVERY
+    for path, merges in reviewed.items():
+        assert len(merges) == 100 // every, path
+        assert all(b - a == every for a, b in itertools.pairwise(merges)), path
+    # Not all tables at the same MERGE: a batch of many tables looks at a few of them.
+    assert len({merges[0] for merges in reviewed.values()}) > 10
+    # never and always have nothing to look at.
+    for mode in ("never", "always"):
+        with mock.patch.object(DeltaSink, "review_rewrites") as review_rewrites:
+            other = DeltaSink(spark, "/lake", mode)  # type: ignore[arg-type]
+            for _ in range(every):
+                other.merged(paths[0])
+        review_rewrites.assert_not_called()
