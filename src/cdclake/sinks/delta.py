@@ -57,7 +57,8 @@ TABLE_PROPERTIES: Final = {
 """Properties of every table cdclake creates (lake tables, history tables, bookkeeping tables)."""
 
 DeletionVectors = Literal["auto", "always", "never"]
-"""When lake tables use Delta deletion vectors (:class:`DeltaSink`): ``auto`` once their MERGEs rewrite enough."""
+"""When lake and history tables use Delta deletion vectors (:class:`DeltaSink`): ``auto`` once their MERGEs rewrite
+enough."""
 DELETION_VECTOR_MODES: Final = get_args(DeletionVectors)
 ENABLE_DELETION_VECTORS: Final = "delta.enableDeletionVectors"
 
@@ -652,8 +653,9 @@ class DeltaSink:
         """``auto``'s rule: marks the table at ``path`` for deletion vectors, and returns True, when its recent
         MERGEs rewrote a median of at least :attr:`DELETION_VECTORS_REWRITE_BYTES` each.
 
-        Only marks it: the switch is a commit of its own, made before the table's next MERGE (:meth:`ensure_table`
-        runs before the batch's MERGEs, outside their commit marker, which would make Delta skip it on a re-run).
+        Only marks it: the switch is a commit of its own, made before the table's next MERGE by
+        :meth:`prepare_deletion_vectors`, which runs before a batch's MERGEs, outside their commit marker (under it,
+        Delta would skip the switch on a re-run).
         """
         recent = (
             DeltaTable.forPath(self.spark, path)
