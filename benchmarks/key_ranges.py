@@ -35,7 +35,7 @@ COLUMNS = [("id", "bigint"), ("name", "string"), ("amount", "string"), ("status"
 RECENT = 50_000
 
 
-def _fill(spark: SparkSession, sink: DeltaSink, plan: TablePlan, rows: int, files: int) -> None:
+def fill(spark: SparkSession, sink: DeltaSink, plan: TablePlan, rows: int, files: int) -> None:
     path = sink.table_path(plan.database, plan.schema, plan.table)
     # Without adaptive execution, which would coalesce the ranges; the table's auto compaction then bin-packs the
     # files as it does a stream's (up to 128 MB each, several million rows of this table).
@@ -62,7 +62,7 @@ def _write(spark: SparkSession, path: str, rows: int, files: int) -> None:
     )
 
 
-def _changes(spark: SparkSession, top: int, changes: int, batch: int) -> DataFrame:
+def upserts(spark: SparkSession, top: int, changes: int, batch: int) -> DataFrame:
     """Half new ids from ``top`` up, half updates of ids among the newest ``RECENT`` (distinct, one per key)."""
     new = spark.range(top, top + changes // 2)
     updated = spark.range(changes - changes // 2).select(
@@ -92,14 +92,24 @@ def _changes(spark: SparkSession, top: int, changes: int, batch: int) -> DataFra
     )
 
 
-def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="20000000,100000000", help="table sizes")
+def table_plan() -> TablePlan:
+    """The benchmark table ``db.t``: :data:`COLUMNS`, keyed by ``id``."""
+    return TablePlan("db\x1f\x1ft", "db", None, "t", list(COLUMNS), ["id"])
+
+
+def arguments(argv: Sequence[str] | None, doc: str | None, rows: str, batches_help: str) -> argparse.Namespace:
+    """The command line of a benchmark of MERGEs into this table (this one, ``benchmarks.deletion_vectors``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=rows, help="table sizes")
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--changes", type=int, default=10_000)
-    parser.add_argument("--batches", type=int, default=3, help="MERGEs per way and size")
-    parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lake goes")
-    args = parser.parse_args(argv)
+    parser.add_argument("--batches", type=int, default=3, help=batches_help)
+    parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lakes go")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> None:
+    args = arguments(argv, __doc__, "20000000,100000000", "MERGEs per way and size")
 
     spark = spark or get_session("cdclake-bench-key-ranges", master="local[2]", conf={"spark.driver.memory": "3g"})
     print(f"{args.changes:,} upserts per MERGE (half new ids, half recent ones), {args.files} files; seconds")
@@ -109,14 +119,14 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         lake = args.out / "key-ranges-lake"
         shutil.rmtree(lake, ignore_errors=True)
         sink = DeltaSink(spark, str(lake))
-        plan = TablePlan("db\x1f\x1ft", "db", None, "t", list(COLUMNS), ["id"])
+        plan = table_plan()
         sink.ensure_table(plan)
-        _fill(spark, sink, plan, rows, args.files)
+        fill(spark, sink, plan, rows, args.files)
         top = rows
         times: dict[str, list[float]] = {"without": [], "with": []}
         for batch in range(2 * args.batches + 1):
             way = "with" if batch % 2 else "without"
-            changes = _changes(spark, top, args.changes, batch)
+            changes = upserts(spark, top, args.changes, batch)
             started = time.perf_counter()
             with mock.patch.object(delta, "_key_ranges", return_value=[]) if way == "without" else nullcontext():
                 sink.merge(plan, COLUMNS, changes)

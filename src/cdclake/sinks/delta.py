@@ -657,14 +657,7 @@ class DeltaSink:
         :meth:`prepare_deletion_vectors`, which runs before a batch's MERGEs, outside their commit marker (under it,
         Delta would skip the switch on a re-run).
         """
-        recent = (
-            DeltaTable.forPath(self.spark, path)
-            .history(self.DELETION_VECTORS_RECENT_COMMITS)
-            .where(F.col("operation") == "MERGE")
-            .select("operationMetrics")
-            .collect()
-        )
-        metrics = [row[0] or {} for row in recent]
+        metrics = self.recent_merges(path)
         if any(int(m.get("numTargetDeletionVectorsAdded") or 0) for m in metrics):
             self._with_deletion_vectors.add(path)  # switched already (another run, or by hand)
             return False
@@ -673,6 +666,18 @@ class DeltaSink:
             return False
         self._switch_to_deletion_vectors.add(path)
         return True
+
+    def recent_merges(self, path: str) -> list[dict[str, str]]:
+        """Operation metrics of the MERGEs among the newest :attr:`DELETION_VECTORS_RECENT_COMMITS` commits of the
+        table at ``path`` (what ``auto`` looks at)."""
+        recent = (
+            DeltaTable.forPath(self.spark, path)
+            .history(self.DELETION_VECTORS_RECENT_COMMITS)
+            .where(F.col("operation") == "MERGE")
+            .select("operationMetrics")
+            .collect()
+        )
+        return [row[0] or {} for row in recent]
 
     def _use_deletion_vectors(self, path: str) -> None:
         """Turns deletion vectors on for the table at ``path`` (a protocol upgrade when it has none yet)."""
