@@ -686,9 +686,12 @@ class DeltaSink:
         self._with_deletion_vectors.add(path)
 
     def _has_deletion_vectors(self, path: str) -> bool:
+        return str(self._properties(path).get(ENABLE_DELETION_VECTORS, "false")).lower() == "true"
+
+    def _properties(self, path: str) -> dict[str, str]:
+        """The table properties of the Delta table at ``path``."""
         detail = DeltaTable.forPath(self.spark, path).detail().select("properties").first()
-        properties = (detail[0] if detail is not None else None) or {}
-        return str(properties.get(ENABLE_DELETION_VECTORS, "false")).lower() == "true"
+        return (detail[0] if detail is not None else None) or {}
 
     # ---------------------------------------------------------------------------------------------------------
     # Tombstones
@@ -785,9 +788,7 @@ class DeltaSink:
         path = self.table_path(database, schema, table)
         if not self._exists(path):
             return None
-        detail = DeltaTable.forPath(self.spark, path).detail().select("properties").first()
-        properties = (detail[0] if detail is not None else None) or {}
-        keys = [name for name in str(properties.get("cdclake.keyColumns", "")).split(",") if name]
+        keys = [name for name in str(self._properties(path).get("cdclake.keyColumns", "")).split(",") if name]
         return keys or None
 
     def read_system_snapshot(self, name: str) -> DataFrame | None:
