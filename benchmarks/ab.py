@@ -58,8 +58,14 @@ def _no_key_ranges(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(delta, "_key_ranges", return_value=[])
 
 
+def _key_ranges_always(_: Any) -> AbstractContextManager[Any]:
+    """Key-range conditions on every MERGE, whatever the table's size (before DeltaSink.KEY_RANGES_MIN_BYTES)."""
+    return mock.patch.object(DeltaSink, "key_ranges_pay", return_value=True)
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "no-key-ranges": _no_key_ranges,
+    "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
     "same": _nothing,

@@ -6,8 +6,8 @@ A table keyed by an increasing id (an auto-increment or time-ordered key, the us
 written as ``files`` ranges of ids and then bin-packed by the table's auto compaction, as a stream's files are.
 Each batch upserts ``changes`` changes: half of them new ids above the current maximum, half updates of ids among
 the newest 50,000. The batches alternate between the two ways, on the same table: with the key range (Delta skips
-the files outside it) and without it (the MERGE reads every file, as before). Figures: seconds per MERGE, best
-and median over the batches.
+the files outside it) and without it (the MERGE reads every file), whatever ``DeltaSink.KEY_RANGES_MIN_BYTES``
+would decide. Figures: the table's size, and seconds per MERGE, best and median over the batches.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import shutil
 import statistics
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -113,8 +113,8 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
 
     spark = spark or get_session("cdclake-bench-key-ranges", master="local[2]", conf={"spark.driver.memory": "3g"})
     print(f"{args.changes:,} upserts per MERGE (half new ids, half recent ones), {args.files} files; seconds")
-    print("| rows | without key range (best / median) | with key range (best / median) | without / with |")
-    print("|---:|---:|---:|---:|")
+    print("| rows | table MiB | without key range (best / median) | with key range (best / median) | without / with |")
+    print("|---:|---:|---:|---:|---:|")
     for rows in (int(size) for size in args.rows.split(",")):
         lake = args.out / "key-ranges-lake"
         shutil.rmtree(lake, ignore_errors=True)
@@ -128,15 +128,17 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
             way = "with" if batch % 2 else "without"
             changes = upserts(spark, top, args.changes, batch)
             started = time.perf_counter()
-            with mock.patch.object(delta, "_key_ranges", return_value=[]) if way == "without" else nullcontext():
+            with mock.patch.object(DeltaSink, "key_ranges_pay", return_value=way == "with"):
                 sink.merge(plan, COLUMNS, changes)
             elapsed = time.perf_counter() - started
             if batch:  # the first MERGE warms the session up
                 times[way].append(elapsed)
             top += args.changes // 2
         figures = {way: (min(values), statistics.median(values)) for way, values in times.items()}
+        path = sink.table_path(plan.database, plan.schema, plan.table)
+        table_mib = DeltaTable.forPath(spark, path).detail().first()["sizeInBytes"] / 2**20
         print(
-            f"| {rows:,} | {figures['without'][0]:.2f} / {figures['without'][1]:.2f} | "
+            f"| {rows:,} | {table_mib:,.1f} | {figures['without'][0]:.2f} / {figures['without'][1]:.2f} | "
             f"{figures['with'][0]:.2f} / {figures['with'][1]:.2f} | "
             f"{figures['without'][1] / figures['with'][1]:.1f}x |",
             flush=True,

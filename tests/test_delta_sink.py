@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
 
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
+from cdclake.sinks import delta
+from cdclake.sinks.delta import DeltaSink
 from tests.test_ddl import row_message
 
 pytestmark = pytest.mark.spark
@@ -17,14 +21,18 @@ pytestmark = pytest.mark.spark
 TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 
-def _last_merge_metrics(table: Path) -> dict[str, str]:
+def _last_merge(table: Path) -> dict[str, Any]:
     commits = sorted((table / "_delta_log").glob("*.json"))
     for commit in reversed(commits):
         for line in commit.read_text(encoding="utf-8").splitlines():
             info = json.loads(line).get("commitInfo")
             if info and info["operation"] == "MERGE":
-                return dict(info["operationMetrics"])
+                return dict(info)
     raise AssertionError(f"no MERGE commit in {table}")
+
+
+def _last_merge_metrics(table: Path) -> dict[str, str]:
+    return dict(_last_merge(table)["operationMetrics"])
 
 
 def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[no-untyped-def]
@@ -236,11 +244,13 @@ def test_key_ranges_keep_exactly_the_target_rows_a_source_key_can_match(spark, s
 
 @pytest.mark.parametrize(("keyed", "updated_inserted_deleted"), [(True, ("5", "10", "1")), (False, ("0", "15", "6"))])
 def test_a_merge_of_new_and_recent_keys_does_not_read_the_files_of_older_keys(
-    spark, tmp_path: Path, keyed: bool, updated_inserted_deleted: tuple[str, str, str]
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool, updated_inserted_deleted: tuple[str, str, str]
 ) -> None:
     """The key range reaches Delta's file skipping: once the files holding only older keys are removed from disk
     (reading one would fail), a batch that updates recent keys, inserts new ones and deletes one still applies. A
-    key-less table is matched on its whole row: its columns are ranged (an update is a delete and an insert)."""
+    key-less table is matched on its whole row: its columns are ranged (an update is a delete and an insert). The
+    table is tiny: ranges are asked for whatever its size (KEY_RANGES_MIN_BYTES 0)."""
+    monkeypatch.setattr(DeltaSink, "KEY_RANGES_MIN_BYTES", 0)
 
     def message(*args, **kwargs) -> str:  # type: ignore[no-untyped-def]
         decoded = json.loads(row_message(*args, **kwargs))
@@ -287,3 +297,64 @@ def test_a_merge_of_new_and_recent_keys_does_not_read_the_files_of_older_keys(
         metrics["numTargetRowsInserted"],
         metrics["numTargetRowsDeleted"],
     ) == updated_inserted_deleted
+
+
+def test_a_merge_gets_key_ranges_when_the_table_holds_key_ranges_min_bytes(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key ranges cost a compilation per MERGE and save reading the files outside them, which a small table hardly
+    has: a MERGE gets them when the table's files hold at least KEY_RANGES_MIN_BYTES, as Delta counts them (DESCRIBE
+    DETAIL's sizeInBytes). Seen in the condition Delta records for the MERGE."""
+    lake = tmp_path / "lake"
+    table = lake / "crm" / "t"
+
+    def merge_of(start: int) -> str:
+        capture = tmp_path / f"batch{start}.jsonl"
+        rows = [{"id": str(i), "v": f"v{i}"} for i in range(start, start + 10)]
+        capture.write_text(row_message("INSERT", "t", rows, TYPES) + "\n", encoding="utf-8")
+        replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)])
+        return str(_last_merge(table)["operationParameters"]["predicate"])
+
+    first = merge_of(0)
+    assert re.search(r"\bid#\d+L <=> _c0#\d+L", first), first
+    assert ">=" not in first, "a new, tiny table: no range"
+    size = int(DeltaTable.forPath(spark, str(table)).detail().first()["sizeInBytes"])
+    monkeypatch.setattr(DeltaSink, "KEY_RANGES_MIN_BYTES", size + 1)
+    assert ">=" not in merge_of(10)
+    size = int(DeltaTable.forPath(spark, str(table)).detail().first()["sizeInBytes"])
+    monkeypatch.setattr(DeltaSink, "KEY_RANGES_MIN_BYTES", size)
+    ranged = merge_of(20)
+    assert re.search(r"\bid#\d+L >= 20\b", ranged), ranged
+    assert re.search(r"\bid#\d+L <= 29\b", ranged), ranged
+    assert sorted(int(row["id"]) for row in read_table(str(table))) == list(range(30))
+
+
+def test_a_tables_size_is_read_on_its_first_merge_and_again_once_every_check(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """key_ranges_pay reads a table's size once, then keeps it until one in DELETION_VECTORS_CHECK_EVERY MERGEs
+    (the same staggered count as auto's look at deletion vectors), whatever the deletion-vector mode."""
+    path = str(tmp_path / "t")
+    spark.range(10).write.format("delta").save(path)
+    reads: list[str] = []
+    real = delta._table_bytes
+
+    def counted(frame):  # type: ignore[no-untyped-def]
+        reads.append("read")
+        return real(frame)
+
+    monkeypatch.setattr(delta, "_table_bytes", counted)
+    sink = DeltaSink(spark, str(tmp_path), "never")
+    assert not sink.key_ranges_pay(path)
+    assert not sink.key_ranges_pay(path)
+    assert len(reads) == 1
+    every = DeltaSink.DELETION_VECTORS_CHECK_EVERY
+    for check in range(1, 4):
+        for _ in range(every):
+            sink.merged(path)
+            sink.key_ranges_pay(path)
+        assert len(reads) == 1 + check, "one more read per DELETION_VECTORS_CHECK_EVERY MERGEs"
+    assert delta._table_bytes is counted
+    assert (
+        real(DeltaTable.forPath(spark, path).toDF()) == DeltaTable.forPath(spark, path).detail().first()["sizeInBytes"]
+    )

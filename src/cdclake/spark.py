@@ -76,6 +76,7 @@ EMBEDDED_CONF: Final = {
     # A table's log replay in one task: each MERGE of a small table starts with one (100 tables: -14% batch time).
     "spark.databricks.delta.snapshotPartitions": "1",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    "spark.sql.codegen.cache.maxEntries": "1000",
     # PySpark records the Python call site of every Column function for error messages: about seven JVM round trips
     # per call, and a decoder makes thousands per micro-batch (DataWorks: 14,541 calls and 0.46 s -> 4,559 and
     # 0.27 s). cdclake's expressions use try_* functions and do not raise at run time. See the README for clusters.
