@@ -186,7 +186,7 @@ def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list
     whatever the table's size. A target row outside the range matches no source row anyway: the MERGE's outcome is
     the same. The range comes from the typed source columns themselves (one aggregation over the batch's changes of
     the table), so literal and values compare exactly; a NULL key (``<=>`` matches NULL to NULL) keeps the target's
-    NULL rows in.
+    NULL rows in. Only for tables large enough to gain from them (:meth:`DeltaSink.key_ranges_pay`).
 
     Args:
         source: the MERGE source, with the typed key columns ``_c<index>``.
@@ -312,7 +312,7 @@ class DeltaSink:
         self._merges: dict[str, int] = {}
         # Bytes of each table's files when last read (key_ranges_pay), forgotten every DELETION_VECTORS_CHECK_EVERY
         # MERGEs. Written from the MERGE threads, one path per thread.
-        self._table_bytes: dict[str, int] = {}
+        self._table_sizes: dict[str, int] = {}
         self._switch_to_deletion_vectors: set[str] = set()
         self._with_deletion_vectors: set[str] = set()
 
@@ -650,9 +650,9 @@ class DeltaSink:
         bounds as constants in their generated code, and Spark inlines integer, date and timestamp constants, so
         every MERGE of such a table compiles new classes instead of reusing the last batch's.
         """
-        size = self._table_bytes.get(path)
+        size = self._table_sizes.get(path)
         if size is None:
-            size = self._table_bytes[path] = _table_bytes(DeltaTable.forPath(self.spark, path).toDF())
+            size = self._table_sizes[path] = _table_bytes(DeltaTable.forPath(self.spark, path).toDF())
         return size >= self.KEY_RANGES_MIN_BYTES
 
     # ---------------------------------------------------------------------------------------------------------
@@ -683,7 +683,7 @@ class DeltaSink:
         self._merges[path] = merges + 1
         if merges % self.DELETION_VECTORS_CHECK_EVERY:
             return
-        self._table_bytes.pop(path, None)
+        self._table_sizes.pop(path, None)
         if self.deletion_vectors == "auto" and path not in self._with_deletion_vectors:
             self.review_rewrites(path)
 
