@@ -47,7 +47,7 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeletionVectors, DeltaSink, Txn, concurrently, in_turns, turn_marker
-from cdclake.spark import local_frame, session_settings
+from cdclake.spark import local_frame, release, session_settings
 
 log = logging.getLogger(__name__)
 
@@ -249,8 +249,10 @@ class Pipeline:
         # Table definitions sent in their own messages (Qlik MD), by (format, schema id): loaded from the lake's
         # metadata table on first use, then kept up to date by decode (see _known_metadata).
         self._metadata: dict[tuple[str, str], TableMetadata] | None = None
-        # The background writer of the batch being processed (set by _process).
+        # The background writer of the batch being processed (set by _process), and the local checkpoints the batch
+        # made after decoding, released when it ends.
         self._bookkeeping: _Bookkeeping
+        self._batch_frames: list[DataFrame] = []
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -314,7 +316,10 @@ class Pipeline:
             return self._process_complete_transactions(messages, batch_id, marker)
         started = time.perf_counter()
         events = self._decoded(messages, marker)
-        return self._process(events, batch_id, marker, decoding=time.perf_counter() - started)
+        try:
+            return self._process(events, batch_id, marker, decoding=time.perf_counter() - started)
+        finally:
+            release(events)
 
     def _decoded(self, messages: DataFrame, txn: Txn | None) -> DataFrame:
         """The batch's canonical events, ordered by ``sequence_by`` where configured, computed once.
@@ -323,7 +328,7 @@ class Pipeline:
         MERGEs and history writes no longer contain the decoders' expressions. Spark canonicalises shared plan nodes
         from several threads at once when it looks up cached data, and ``from_avro`` with options is not safe
         there (its options map is evaluated through a shared builder: IndexOutOfBoundsException in
-        ArrayBasedMapBuilder.put). The blocks are released when the frame is garbage-collected.
+        ArrayBasedMapBuilder.put). The caller releases its blocks after the batch (``spark.release``).
         """
         events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
         return events.localCheckpoint(eager=True)
@@ -333,10 +338,14 @@ class Pipeline:
         result = BatchResult(batch_id)
         result.seconds["decode"] = decoding
         self._bookkeeping = _Bookkeeping(result)
+        self._batch_frames = []
         try:
             return self._apply_batch(events, batch_id, txn, result)
         finally:
             self._bookkeeping.close()
+            # After the background writes, which read them too.
+            for frame in self._batch_frames:
+                release(frame)
 
     def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
@@ -471,6 +480,7 @@ class Pipeline:
             # source plan holds cached data (a cache does not pin the tombstones' Delta version), and the copy is the
             # cost DeltaSink.merging removes.
             folded = folded.localCheckpoint(eager=True)
+            self._batch_frames.append(folded)
             stats = {
                 row[apply.TABLE_ID]: row
                 for row in folded.groupBy(apply.TABLE_ID)
@@ -603,7 +613,7 @@ class Pipeline:
         finally:
             if held is not None:
                 held.unpersist()
-            events.unpersist()
+            release(events)
 
     def _boundary_formats(self, op: Op) -> list[str]:
         """Configured formats that have ``op`` (TXN_BEGIN or TXN_END) among their operations."""

@@ -25,6 +25,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -182,6 +183,22 @@ def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterat
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, before)
+
+
+def release(frame: DataFrame) -> None:
+    """Frees the stored rows of ``frame`` now: a cached frame's, and a local checkpoint's (``localCheckpoint``).
+
+    ``unpersist`` leaves a local checkpoint's blocks in the block manager until the JVM garbage-collects the frame's
+    plan, so each micro-batch's decoded events and folded changes stayed in memory for several batches and spilled
+    to disk. Reading the frame afterwards fails (the blocks are gone): call it once nothing reads the frame.
+    """
+    frame.unpersist()
+    try:
+        plan = frame._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":
+            plan.rdd().unpersist(False)
+    except (AttributeError, Py4JError):  # not a classic session: the blocks go with the frame, as before
+        pass
 
 
 def local_frame(spark: SparkSession, rows: Iterable[Any], schema: str | StructType) -> DataFrame:
