@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
+
 import pytest
 
 from cdclake.formats import decode_batch, get_format, list_formats
@@ -34,3 +37,47 @@ def test_the_session_keeps_the_compiled_code_of_every_decoder(spark) -> None:
     first = decode_all()
     print(f"first pass: {first} compilations over {len(frames)} cases")
     assert decode_all() == 0
+
+
+def _stored_rdds(spark) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    """Id -> name of the RDDs with blocks in the block manager, Delta's caches of table snapshots aside."""
+    infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+    return {int(i.id()): str(i.name()) for i in infos if not str(i.name()).startswith("Delta Table State")}
+
+
+@pytest.mark.spark
+def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
+    """A batch's local checkpoints (its decoded events, its folded changes, read by the background tombstone write
+    too) are freed when it ends (spark.release), not whenever the JVM collects them: after each batch the block
+    manager holds no RDD it did not hold before (Delta's snapshot caches aside), and the rows landed."""
+    from cdclake.devtools.verify import read_table
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from cdclake.spark import local_frame
+    from tests.test_ddl import row_message
+
+    types = {"id": "bigint(20)", "v": "varchar(8)"}
+    batches = [
+        [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(20)], types)],
+        [
+            row_message("UPDATE", "t", [{"id": "3", "v": "new"}], types, old=[{"v": "v3"}]),
+            row_message("DELETE", "t", [{"id": "5", "v": "v5"}], types),
+        ],
+    ]
+    lake = tmp_path / "lake"
+    pipeline = Pipeline(spark, PipelineSettings(lake=str(lake), app_id="release", default_format="canal-json"))
+    offset = 0
+    for batch_id, texts in enumerate(batches):
+        rows = []
+        for text in texts:
+            rows.append((None, text.encode("utf-8"), "t", 0, offset, datetime(2024, 3, 1, tzinfo=UTC)))
+            offset += 1
+        messages = local_frame(
+            spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+        )
+        before = _stored_rdds(spark)
+        result = pipeline.process_batch(messages, batch_id)
+        assert result.dead_letters == 0
+        left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
+        assert left == {}
+    landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "crm" / "t"))}
+    assert landed == {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
