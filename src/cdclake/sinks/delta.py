@@ -294,7 +294,8 @@ class DeltaSink:
     DELETION_VECTORS_CHECK_EVERY: int = 25
     """``auto``: a table's recent MERGEs are looked at after one in this many of its MERGEs by this sink (reading
     the table's history costs about 0.1 s). Which one depends on the table's path, so that a batch of many tables
-    looks at a few of them, not at all of them at once."""
+    looks at a few of them, not at all of them at once. In every mode, the same MERGE also makes
+    :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
 
