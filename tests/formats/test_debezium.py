@@ -97,3 +97,58 @@ def test_unavailable_placeholder_is_configurable(spark) -> None:
     )
     assert row["after"] == {"id": "1", "title": "t"}
     assert row["after_is_partial"] is True
+
+
+def _connect_value(after_fields: object, before_fields: object) -> dict[str, object]:
+    """A wrapped Debezium value whose schema lists ``after_fields`` and ``before_fields`` for the two images."""
+    return {
+        "schema": {
+            "type": "struct",
+            "fields": [
+                {"field": "before", "type": "struct", "optional": True, "fields": before_fields},
+                {"field": "after", "type": "struct", "optional": True, "fields": after_fields},
+                {"field": "source", "type": "struct", "fields": [{"field": "db", "type": "string", "default": {}}]},
+                {"field": "op", "type": "string"},
+            ],
+        },
+        "payload": {
+            "before": {"id": 1, "amount": "ThY=", "gone": 5},
+            "after": {"id": 1, "amount": "ThY="},
+            "source": {"connector": "mysql", "db": "d", "table": "t", "file": "b.000001", "pos": 4, "ts_ms": 1},
+            "op": "u",
+        },
+    }
+
+
+@pytest.mark.spark
+def test_connect_schema_typed_and_as_variant_declare_the_same_columns(spark) -> None:
+    """The typed parse of the Connect schema (CONNECT_SCHEMA), and the VARIANT one for schemas it cannot read, give
+    the same columns: after's fields, then those only before declares (a column an update dropped)."""
+    from tests.formats.golden import canonical_rows, messages_frame
+
+    decimal = {
+        "field": "amount",
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+    }
+    after = [{"field": "id", "type": "int64", "optional": False}, decimal]
+    before = [*after, {"field": "gone", "type": "int32"}]
+    typed = _connect_value(after, before)
+    # Only the VARIANT parse can read this one: the source block's fields are text (the spec's examples do this).
+    as_variant = _connect_value(after, before)
+    as_variant["schema"]["fields"][2]["fields"] = "<omitted>"  # type: ignore[index]
+    # Images whose field lists are not lists count as undeclared: the other image's fields are used.
+    after_unreadable = _connect_value("<same as before>", before)
+    frame = messages_frame(spark, [{"key": {"id": 1}, "value": v} for v in (typed, as_variant, after_unreadable)])
+    rows = canonical_rows(decode_batch(get_format("debezium-json"), frame, {}))
+    expected = [
+        ["id", "int64", "bigint"],
+        ["amount", "org.apache.kafka.connect.data.Decimal", "decimal(10,2)"],
+        ["gone", "int32", "int"],
+    ]
+    for row in rows:
+        assert row["error"] is None
+        assert row["columns"] == expected
+        assert row["after"] == {"id": "1", "amount": "199.90"}
+        assert row["before"] == {"id": "1", "amount": "199.90", "gone": "5"}

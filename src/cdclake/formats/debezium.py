@@ -45,6 +45,7 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats._json_images import (
+    CONNECT_SCHEMA,
     div,
     fields_columns,
     fields_errors,
@@ -53,6 +54,7 @@ from cdclake.formats._json_images import (
     schema_fields,
     texts,
     type_nulls_in_batch,
+    variant_schema_fields,
 )
 from cdclake.formats.base import (
     MESSAGE_KEY,
@@ -117,15 +119,17 @@ def _envelope(image: str) -> list[tuple[str, str]]:
     ]
 
 
-def _raw_schema(image: str) -> str:
+def _raw_schema(image: str, schema: str) -> str:
     fields = _envelope(image)
     inner = ", ".join(f"`{n}`: {t}" for n, t in fields)
     top = ", ".join(f"`{n}` {t}" for n, t in fields)
-    return f"`schema` VARIANT, payload STRUCT<{inner}>, {top}, _corrupt_record STRING"
+    return f"`schema` {schema}, payload STRUCT<{inner}>, {top}, _corrupt_record STRING"
 
 
-RAW_SCHEMA: Final = _raw_schema("VARIANT")
+RAW_SCHEMA: Final = _raw_schema("VARIANT", CONNECT_SCHEMA)
 """Images as MAP<STRING, VARIANT>: exact numbers (base.exact_text_image)."""
+ANY_SCHEMA: Final = _raw_schema("VARIANT", "VARIANT")
+""":data:`RAW_SCHEMA` with the Connect schema as a VARIANT, for the messages whose schema RAW_SCHEMA cannot read."""
 KIND_SCHEMA: Final = (
     "payload STRUCT<before: MAP<STRING, STRING>, after: MAP<STRING, STRING>>, "
     "before MAP<STRING, STRING>, after MAP<STRING, STRING>"
@@ -135,13 +139,12 @@ KIND_SCHEMA: Final = (
 
 def _key_columns(key: Column) -> Column:
     """debezium.md 4: the Kafka key is a JSON struct of the key columns, with or without the Connect schema."""
-    text = key.cast("string")
-    bare = F.from_json(text, "MAP<STRING, VARIANT>")
-    wrapped = F.from_json(text, "`schema` VARIANT, payload MAP<STRING, VARIANT>")
-    is_wrapped = (
-        F.map_contains_key(bare, "schema") & F.map_contains_key(bare, "payload") & wrapped["payload"].isNotNull()
-    )
-    keys = F.when(is_wrapped, F.map_keys(wrapped["payload"])).otherwise(F.map_keys(bare))
+    # Values as text (an object's is its JSON text): only the names are needed, and the wrapped key's payload is a
+    # few bytes to parse again, while a VARIANT parse would build one of the key's schema too.
+    bare = F.from_json(key.cast("string"), "MAP<STRING, STRING>")
+    payload_names = F.map_keys(F.from_json(bare["payload"], "MAP<STRING, STRING>"))
+    is_wrapped = F.map_contains_key(bare, "schema") & payload_names.isNotNull()
+    keys = F.when(is_wrapped, payload_names).otherwise(F.map_keys(bare))
     return F.coalesce(keys, F.array().cast("array<string>"))
 
 
@@ -228,8 +231,23 @@ def parse(messages: DataFrame) -> DataFrame:
     envelope: ``payload`` or the value itself) and ``_kinds`` (the images as JSON text, for type inference)."""
     options = {"columnNameOfCorruptRecord": "_corrupt_record"}
     text = F.col(MESSAGE_VALUE).cast("string")
-    parsed = messages.withColumn("_m", F.from_json(text, RAW_SCHEMA, options))
-    parsed = parsed.withColumn("_schema_fields", schema_fields(F.col("_m")["schema"]))
+    parsed = messages.withColumn("_typed", F.from_json(text, RAW_SCHEMA, options))
+    typed = F.col("_typed")
+    # A schema the typed parse cannot read (CONNECT_SCHEMA) is read again as a VARIANT, for such messages only; a
+    # value that is not JSON is malformed either way.
+    parsed = parsed.withColumn(
+        "_any", F.when(typed["_corrupt_record"].isNotNull(), F.from_json(text, ANY_SCHEMA, options))
+    )
+    anything = F.col("_any")
+    parsed = parsed.select(
+        *messages.columns,
+        F.when(anything.isNull(), typed)
+        .otherwise(anything.withField("schema", F.lit(None).cast(CONNECT_SCHEMA)))
+        .alias("_m"),
+        F.when(anything.isNull(), schema_fields(typed["schema"]))
+        .otherwise(variant_schema_fields(anything["schema"]))
+        .alias("_schema_fields"),
+    )
     # The images' JSON text is only needed to infer types, i.e. when the message declares no fields: a message with
     # its Connect schema is parsed once, not twice.
     parsed = parsed.withColumn("_k", F.when(F.col("_schema_fields").isNull(), F.from_json(text, KIND_SCHEMA)))
