@@ -81,3 +81,45 @@ def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
         assert left == {}
     landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "crm" / "t"))}
     assert landed == {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
+
+
+@pytest.mark.spark
+def test_a_batch_step_checkpoint_is_the_batch_events(spark, tmp_path: Path) -> None:
+    """A format whose batch step stores the decoded events (Debezium's type_nulls_in_batch) has them stored once:
+    the pipeline uses that checkpoint as the batch's events and frees it when the batch ends."""
+    import json
+
+    from cdclake.devtools.verify import read_table
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from cdclake.spark import local_frame
+
+    def change(op: str, before: dict[str, object] | None, after: dict[str, object] | None, pos: int) -> bytes:
+        source = {"connector": "mysql", "db": "shop", "table": "t", "file": "b.000001", "pos": pos, "ts_ms": 1}
+        value = {"before": before, "after": after, "source": source, "op": op, "ts_ms": 1}
+        return json.dumps(value).encode("utf-8")
+
+    batches = [
+        [change("c", None, {"id": i, "v": f"v{i}"}, i) for i in range(20)],
+        [change("u", {"id": 3, "v": "v3"}, {"id": 3, "v": "new"}, 100), change("d", {"id": 5, "v": "v5"}, None, 101)],
+    ]
+    lake = tmp_path / "lake"
+    settings = PipelineSettings(
+        lake=str(lake), app_id="release-dbz", default_format="debezium-json", keys={"shop.t": ["id"]}
+    )
+    pipeline = Pipeline(spark, settings)
+    offset = 0
+    for batch_id, values in enumerate(batches):
+        rows = []
+        for value in values:
+            rows.append((b'{"id": 0}', value, "t", 0, offset, datetime(2024, 3, 1, tzinfo=UTC)))
+            offset += 1
+        messages = local_frame(
+            spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+        )
+        before = _stored_rdds(spark)
+        result = pipeline.process_batch(messages, batch_id)
+        assert result.dead_letters == 0
+        left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
+        assert left == {}
+    landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "shop" / "t"))}
+    assert landed == {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}

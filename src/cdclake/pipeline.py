@@ -47,7 +47,7 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeletionVectors, DeltaSink, Txn, concurrently, in_turns, turn_marker
-from cdclake.spark import local_frame, release, session_settings
+from cdclake.spark import is_local_checkpoint, local_frame, release, session_settings
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,9 @@ class Pipeline:
         ArrayBasedMapBuilder.put). The caller releases its blocks after the batch (``spark.release``).
         """
         events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
-        return events.localCheckpoint(eager=True)
+        # A format's batch step may have stored them already (type_nulls_in_batch): a second copy would only cost,
+        # and the first would stay in memory until the JVM collects it.
+        return events if is_local_checkpoint(events) else events.localCheckpoint(eager=True)
 
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None, *, decoding: float) -> BatchResult:
         """Applies decoded ``events``; ``decoding``: the seconds it took to decode them (the ``decode`` step)."""

@@ -201,6 +201,16 @@ def release(frame: DataFrame) -> None:
         pass
 
 
+def is_local_checkpoint(frame: DataFrame) -> bool:
+    """Whether ``frame`` is a local checkpoint whose rows are stored (``localCheckpoint(eager=True)``): checkpointing
+    it again would only copy them. False without a classic session."""
+    try:
+        plan = frame._jdf.queryExecution().analyzed()
+        return bool(plan.getClass().getSimpleName() == "LogicalRDD" and plan.rdd().isCheckpointed())
+    except (AttributeError, Py4JError):
+        return False
+
+
 def local_frame(spark: SparkSession, rows: Iterable[Any], schema: str | StructType) -> DataFrame:
     """A DataFrame of a few rows the driver holds (tuples in field order, or dicts by field name), built in the JVM.
 
