@@ -84,9 +84,11 @@ def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_a_batch_step_checkpoint_is_the_batch_events(spark, tmp_path: Path) -> None:
-    """A format whose batch step stores the decoded events (Debezium's type_nulls_in_batch) has them stored once:
-    the pipeline uses that checkpoint as the batch's events and frees it when the batch ends."""
+@pytest.mark.parametrize("with_null", [False, True], ids=["kept", "rewritten"])
+def test_a_batch_steps_checkpoints_are_freed_too(spark, tmp_path: Path, with_null: bool) -> None:
+    """A format whose batch step stores the decoded events (Debezium's type_nulls_in_batch) has them stored once,
+    and freed when the batch ends: the pipeline uses that checkpoint as the batch's events ("kept") or, when the step
+    rewrote them (a JSON null typed from another message), frees it once it has stored the rewritten events."""
     import json
 
     from cdclake.devtools.verify import read_table
@@ -98,15 +100,15 @@ def test_a_batch_step_checkpoint_is_the_batch_events(spark, tmp_path: Path) -> N
         value = {"before": before, "after": after, "source": source, "op": op, "ts_ms": 1}
         return json.dumps(value).encode("utf-8")
 
+    inserts = [change("c", None, {"id": i, "v": f"v{i}"}, i) for i in range(20)]
+    if with_null:
+        inserts.append(change("c", None, {"id": 99, "v": None}, 99))
     batches = [
-        [change("c", None, {"id": i, "v": f"v{i}"}, i) for i in range(20)],
+        inserts,
         [change("u", {"id": 3, "v": "v3"}, {"id": 3, "v": "new"}, 100), change("d", {"id": 5, "v": "v5"}, None, 101)],
     ]
     lake = tmp_path / "lake"
-    settings = PipelineSettings(
-        lake=str(lake), app_id="release-dbz", default_format="debezium-json", keys={"shop.t": ["id"]}
-    )
-    pipeline = Pipeline(spark, settings)
+    pipeline = Pipeline(spark, PipelineSettings(lake=str(lake), app_id="release-dbz", default_format="debezium-json"))
     offset = 0
     for batch_id, values in enumerate(batches):
         rows = []
@@ -122,4 +124,5 @@ def test_a_batch_step_checkpoint_is_the_batch_events(spark, tmp_path: Path) -> N
         left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
         assert left == {}
     landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "shop" / "t"))}
-    assert landed == {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
+    expected = {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
+    assert landed == ({**expected, 99: None} if with_null else expected)

@@ -47,7 +47,7 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import history
 from cdclake.sinks.delta import DeletionVectors, DeltaSink, Txn, concurrently, in_turns, turn_marker
-from cdclake.spark import is_local_checkpoint, local_frame, release, session_settings
+from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
 
 log = logging.getLogger(__name__)
 
@@ -330,10 +330,15 @@ class Pipeline:
         there (its options map is evaluated through a shared builder: IndexOutOfBoundsException in
         ArrayBasedMapBuilder.put). The caller releases its blocks after the batch (``spark.release``).
         """
-        events = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
-        # A format's batch step may have stored them already (type_nulls_in_batch): a second copy would only cost,
-        # and the first would stay in memory until the JVM collects it.
-        return events if is_local_checkpoint(events) else events.localCheckpoint(eager=True)
+        decoded = apply.sequenced(self.decode(messages, txn), self.settings.sequence_by)
+        # A format's batch step may have stored them already (type_nulls_in_batch): a second copy would only cost.
+        if is_local_checkpoint(decoded):
+            return decoded
+        events = decoded.localCheckpoint(eager=True)
+        # Checkpoints a batch step made on the way (one that rewrote the events, or the steps of several formats)
+        # are read by nothing else: freed now rather than when the JVM collects them.
+        release_stored_inputs(decoded, keep=messages)
+        return events
 
     def _process(self, events: DataFrame, batch_id: int, txn: Txn | None, *, decoding: float) -> BatchResult:
         """Applies decoded ``events``; ``decoding``: the seconds it took to decode them (the ``decode`` step)."""

@@ -201,6 +201,30 @@ def release(frame: DataFrame) -> None:
         pass
 
 
+def release_stored_inputs(frame: DataFrame, keep: DataFrame) -> None:
+    """Frees the local checkpoints that ``frame`` reads and ``keep`` does not (see :func:`release`): the intermediate
+    ones a computation made on its way from ``keep`` to ``frame``. Call it once nothing reads ``frame`` again (e.g.
+    after storing it with ``localCheckpoint``). Does nothing without a classic session."""
+    try:
+        kept = {rdd.id() for rdd in _checkpointed_leaves(keep)}
+        for rdd in _checkpointed_leaves(frame):
+            if rdd.id() not in kept:
+                rdd.unpersist(False)
+    except (AttributeError, Py4JError):
+        pass
+
+
+def _checkpointed_leaves(frame: DataFrame) -> list[Any]:
+    """The RDDs of the local checkpoints among the leaves of ``frame``'s analyzed plan (JVM objects)."""
+    leaves = frame._jdf.queryExecution().analyzed().collectLeaves()
+    found = []
+    for index in range(leaves.size()):
+        leaf = leaves.apply(index)
+        if leaf.getClass().getSimpleName() == "LogicalRDD" and leaf.rdd().isCheckpointed():
+            found.append(leaf.rdd())
+    return found
+
+
 def is_local_checkpoint(frame: DataFrame) -> bool:
     """Whether ``frame`` is a local checkpoint whose rows are stored (``localCheckpoint(eager=True)``): checkpointing
     it again would only copy them. False without a classic session."""
