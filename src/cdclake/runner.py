@@ -229,11 +229,14 @@ def replay(
     results: list[BatchResult] = []
     for index, path in enumerate(checked):
         capture = files.read_file(spark, path, index, encoding)
-        for start in range(0, capture.count, batch_lines):
-            result = pipeline.process_batch(capture.lines(start, start + batch_lines), len(results))
-            results.append(result)
-            if on_batch is not None:
-                on_batch(result)
+        try:
+            for start in range(0, capture.count, batch_lines):
+                result = pipeline.process_batch(capture.lines(start, start + batch_lines), len(results))
+                results.append(result)
+                if on_batch is not None:
+                    on_batch(result)
+        finally:
+            capture.release()
     if transaction_consistent and (held := pipeline.pending_transaction_messages()):
         log.warning(
             "%s messages of source transactions without their end marker are held back in %s/_cdclake/%s",

@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake.exceptions import InputError
-from cdclake.spark import session_settings
+from cdclake.spark import release, session_settings
 
 InputEncoding = Literal["lines", "b64"]
 LINES_PER_FILE_LIMIT = 2**40
@@ -57,11 +57,18 @@ class CaptureFile:
     path: Path
     messages: DataFrame
     count: int
+    stored: DataFrame
+    """The file's lines, stored once (a local checkpoint) and read by every batch of :meth:`lines`."""
 
     def lines(self, start: int, stop: int) -> DataFrame:
         """Messages with line index in ``[start, stop)`` (indices count non-empty lines from 0)."""
         base = self.messages.select("*", (F.col("offset") % F.lit(LINES_PER_FILE_LIMIT)).alias("_line"))
         return base.where((F.col("_line") >= start) & (F.col("_line") < stop)).drop("_line")
+
+    def release(self) -> None:
+        """Frees the stored lines once no batch reads the file again (else they stay in memory until the JVM
+        collects them, with the next files' lines stored beside them)."""
+        release(self.stored)
 
 
 def read_file(spark: SparkSession, path: Path, index: int, encoding: InputEncoding) -> CaptureFile:
@@ -89,4 +96,4 @@ def read_file(spark: SparkSession, path: Path, index: int, encoding: InputEncodi
         F.col("offset"),
         F.lit(None).cast("timestamp").alias("timestamp"),
     )
-    return CaptureFile(path, messages, lines.count())
+    return CaptureFile(path, messages, lines.count(), lines)
