@@ -155,3 +155,23 @@ def test_a_replay_frees_each_files_stored_lines(spark, tmp_path: Path) -> None:
     assert left == {}
     landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "crm" / "t"))}
     assert landed == {0: "v0", 1: "v1", 2: "v2", 3: "new"}
+
+
+@pytest.mark.spark
+def test_a_stored_frame_is_recognised_and_not_stored_twice(spark) -> None:
+    """is_local_checkpoint tells a stored frame (what the pipeline then uses as its events instead of copying it)
+    from a computed one; release_stored_inputs frees what a frame reads, except what ``keep`` reads."""
+    from pyspark.sql import functions as F
+
+    from cdclake.spark import is_local_checkpoint, release_stored_inputs
+
+    computed = spark.range(10).select((F.col("id") * 2).alias("x"))
+    stored = computed.localCheckpoint(eager=True)
+    assert is_local_checkpoint(stored)
+    assert not is_local_checkpoint(computed)
+    assert not is_local_checkpoint(stored.where(F.col("x") > 4))
+    other = spark.range(3).localCheckpoint(eager=True)
+    before = _stored_rdds(spark)
+    release_stored_inputs(stored.crossJoin(other), keep=other)
+    assert set(before) - set(_stored_rdds(spark)) == {stored._jdf.queryExecution().analyzed().rdd().id()}
+    assert other.count() == 3

@@ -127,7 +127,8 @@ def _raw_schema(image: str, schema: str) -> str:
 
 
 RAW_SCHEMA: Final = _raw_schema("VARIANT", CONNECT_SCHEMA)
-"""Images as MAP<STRING, VARIANT>: exact numbers (base.exact_text_image)."""
+"""Images as MAP<STRING, VARIANT>: exact numbers (base.exact_text_image); the Connect schema typed
+(CONNECT_SCHEMA)."""
 ANY_SCHEMA: Final = _raw_schema("VARIANT", "VARIANT")
 """:data:`RAW_SCHEMA` with the Connect schema as a VARIANT, for the messages whose schema RAW_SCHEMA cannot read."""
 KIND_SCHEMA: Final = (
