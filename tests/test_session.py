@@ -45,6 +45,27 @@ def _stored_rdds(spark) -> dict[int, str]:  # type: ignore[no-untyped-def]
     return {int(i.id()): str(i.name()) for i in infos if not str(i.name()).startswith("Delta Table State")}
 
 
+def _apply_leaving_nothing_stored(spark, pipeline, batches: list[list[tuple[bytes | None, bytes]]]) -> None:  # type: ignore[no-untyped-def]
+    """Processes each batch of (Kafka key, value) messages, in order, and asserts that it has no dead letters and
+    leaves no RDD stored that was not stored before it."""
+    from cdclake.spark import local_frame
+
+    offset = 0
+    for batch_id, messages in enumerate(batches):
+        rows = []
+        for key, value in messages:
+            rows.append((key, value, "t", 0, offset, datetime(2024, 3, 1, tzinfo=UTC)))
+            offset += 1
+        frame = local_frame(
+            spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+        )
+        before = _stored_rdds(spark)
+        result = pipeline.process_batch(frame, batch_id)
+        assert result.dead_letters == 0
+        left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
+        assert left == {}
+
+
 @pytest.mark.spark
 def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
     """A batch's local checkpoints (its decoded events, its folded changes, read by the background tombstone write
@@ -52,7 +73,6 @@ def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
     manager holds no RDD it did not hold before (Delta's snapshot caches aside), and the rows landed."""
     from cdclake.devtools.verify import read_table
     from cdclake.pipeline import Pipeline, PipelineSettings
-    from cdclake.spark import local_frame
     from tests.test_ddl import row_message
 
     types = {"id": "bigint(20)", "v": "varchar(8)"}
@@ -65,20 +85,7 @@ def test_a_batch_leaves_no_stored_rows_behind(spark, tmp_path: Path) -> None:
     ]
     lake = tmp_path / "lake"
     pipeline = Pipeline(spark, PipelineSettings(lake=str(lake), app_id="release", default_format="canal-json"))
-    offset = 0
-    for batch_id, texts in enumerate(batches):
-        rows = []
-        for text in texts:
-            rows.append((None, text.encode("utf-8"), "t", 0, offset, datetime(2024, 3, 1, tzinfo=UTC)))
-            offset += 1
-        messages = local_frame(
-            spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
-        )
-        before = _stored_rdds(spark)
-        result = pipeline.process_batch(messages, batch_id)
-        assert result.dead_letters == 0
-        left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
-        assert left == {}
+    _apply_leaving_nothing_stored(spark, pipeline, [[(None, text.encode("utf-8")) for text in b] for b in batches])
     landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "crm" / "t"))}
     assert landed == {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
 
@@ -93,7 +100,6 @@ def test_a_batch_steps_checkpoints_are_freed_too(spark, tmp_path: Path, with_nul
 
     from cdclake.devtools.verify import read_table
     from cdclake.pipeline import Pipeline, PipelineSettings
-    from cdclake.spark import local_frame
 
     def change(op: str, before: dict[str, object] | None, after: dict[str, object] | None, pos: int) -> bytes:
         source = {"connector": "mysql", "db": "shop", "table": "t", "file": "b.000001", "pos": pos, "ts_ms": 1}
@@ -109,20 +115,7 @@ def test_a_batch_steps_checkpoints_are_freed_too(spark, tmp_path: Path, with_nul
     ]
     lake = tmp_path / "lake"
     pipeline = Pipeline(spark, PipelineSettings(lake=str(lake), app_id="release-dbz", default_format="debezium-json"))
-    offset = 0
-    for batch_id, values in enumerate(batches):
-        rows = []
-        for value in values:
-            rows.append((b'{"id": 0}', value, "t", 0, offset, datetime(2024, 3, 1, tzinfo=UTC)))
-            offset += 1
-        messages = local_frame(
-            spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
-        )
-        before = _stored_rdds(spark)
-        result = pipeline.process_batch(messages, batch_id)
-        assert result.dead_letters == 0
-        left = {i: name for i, name in _stored_rdds(spark).items() if i not in before}
-        assert left == {}
+    _apply_leaving_nothing_stored(spark, pipeline, [[(b'{"id": 0}', value) for value in b] for b in batches])
     landed = {int(row["id"]): row["v"] for row in read_table(str(lake / "shop" / "t"))}
     expected = {**{i: f"v{i}" for i in range(20) if i != 5}, 3: "new"}
     assert landed == ({**expected, 99: None} if with_null else expected)

@@ -194,9 +194,9 @@ def release(frame: DataFrame) -> None:
     """
     frame.unpersist()
     try:
-        plan = frame._jdf.queryExecution().analyzed()
-        if plan.getClass().getSimpleName() == "LogicalRDD":
-            plan.rdd().unpersist(False)
+        stored = _checkpoint_rdd(frame._jdf.queryExecution().analyzed())
+        if stored is not None:
+            stored.unpersist(False)
     except (AttributeError, Py4JError):  # not a classic session: the blocks go with the frame, as before
         pass
 
@@ -217,20 +217,23 @@ def release_stored_inputs(frame: DataFrame, keep: DataFrame) -> None:
 def _checkpointed_leaves(frame: DataFrame) -> list[Any]:
     """The RDDs of the local checkpoints among the leaves of ``frame``'s analyzed plan (JVM objects)."""
     leaves = frame._jdf.queryExecution().analyzed().collectLeaves()
-    found = []
-    for index in range(leaves.size()):
-        leaf = leaves.apply(index)
-        if leaf.getClass().getSimpleName() == "LogicalRDD" and leaf.rdd().isCheckpointed():
-            found.append(leaf.rdd())
-    return found
+    stored = (_checkpoint_rdd(leaves.apply(index)) for index in range(leaves.size()))
+    return [rdd for rdd in stored if rdd is not None]
+
+
+def _checkpoint_rdd(plan: Any) -> Any | None:
+    """The RDD of a logical plan node that is a local checkpoint (a ``LogicalRDD`` over a checkpointed RDD), else
+    None."""
+    if plan.getClass().getSimpleName() == "LogicalRDD" and plan.rdd().isCheckpointed():
+        return plan.rdd()
+    return None
 
 
 def is_local_checkpoint(frame: DataFrame) -> bool:
     """Whether ``frame`` is a local checkpoint whose rows are stored (``localCheckpoint(eager=True)``): checkpointing
     it again would only copy them. False without a classic session."""
     try:
-        plan = frame._jdf.queryExecution().analyzed()
-        return bool(plan.getClass().getSimpleName() == "LogicalRDD" and plan.rdd().isCheckpointed())
+        return _checkpoint_rdd(frame._jdf.queryExecution().analyzed()) is not None
     except (AttributeError, Py4JError):
         return False
 
