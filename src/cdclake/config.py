@@ -27,6 +27,8 @@ Example::
       scd2: [crm.customer]
     transactions: {consistent: true}               # apply only complete source transactions (README)
     deletion_vectors: auto                         # auto | always | never (README: Deletion vectors)
+    table_format: delta                            # delta | iceberg (README: Iceberg lake tables)
+    iceberg_catalog: glue                          # iceberg: a Spark catalog of the session (default: at `lake`)
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ FIXES: dict[str, str] = {
     "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
     "or a list of `db.table` names",
     "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
+    "table_format": "use `delta` (default) or `iceberg`",
+    "iceberg_catalog": "name a Spark catalog that the session configures (`spark.sql.catalog.<name>`), "
+    "or leave it out for an Iceberg catalog at `lake`",
     "transactions": (
         "use `transactions: {consistent: true}`, optionally with the limits `max_open_seconds: 600` and "
         "`max_pending_messages: 100000` (both > 0)"
@@ -179,6 +184,8 @@ class PipelineConfig(_Strict):
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
     deletion_vectors: Literal["auto", "always", "never"] = "auto"
+    table_format: Literal["delta", "iceberg"] = "delta"
+    iceberg_catalog: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
@@ -207,6 +214,16 @@ class PipelineConfig(_Strict):
                     raise ValueError(str(exc)) from None
         return self
 
+    @model_validator(mode="after")
+    def _iceberg_settings(self) -> PipelineConfig:
+        if self.table_format != "iceberg":
+            if self.iceberg_catalog is not None:
+                raise ValueError("iceberg_catalog is only used with `table_format: iceberg`")
+            return self
+        if self.history.changelog or self.history.scd2:
+            raise ValueError("history tables (changelog, scd2) are not kept for Iceberg lake tables yet")
+        return self
+
     @property
     def checkpoint_location(self) -> str:
         return self.checkpoint or f"{self.lake.rstrip('/')}/_cdclake/checkpoints/{self.name}"
@@ -217,6 +234,14 @@ def _fix_for(location: str) -> str:
         if location == key or location.startswith(key + "."):
             return FIXES[key]
     return "see the example at the top of the cdclake.config module docs (README: Configuration)"
+
+
+_CROSS_KEY_PROBLEMS: dict[str, tuple[str, str]] = {
+    "iceberg_catalog is only used": ("iceberg_catalog", "remove it, or set `table_format: iceberg`"),
+    "not kept for Iceberg": ("history", "remove `history:`, or use `table_format: delta`"),
+}
+"""Problems of a combination of keys (pydantic reports a model validator's error at the root): a phrase of the
+problem -> the key to name and its fix."""
 
 
 def parse_config(data: Any, source: str = "config") -> PipelineConfig:
@@ -234,6 +259,9 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
             raise ConfigError(location, "unknown key", return_fix) from None
         if error["type"] == "missing":
             problem = "required key is missing"
+        for marker, (key, key_fix) in _CROSS_KEY_PROBLEMS.items():
+            if location == "<root>" and marker in problem:
+                raise ConfigError(key, problem.removeprefix("Value error, "), key_fix) from None
         fix = _fix_for(location)
         if location in ("<root>", "kafka") and "format" in problem:
             fix, location = FIXES["format"], "format"

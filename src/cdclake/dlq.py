@@ -45,6 +45,7 @@ from cdclake import model
 from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import get_format
 from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
+from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import local_frame
 
@@ -275,6 +276,8 @@ def replay_dead_letters(
     format_options: Mapping[str, str] | None = None,
     filters: DeadLetterFilter | None = None,
     dry_run: bool = False,
+    table_format: TableFormat = "delta",
+    iceberg_catalog: str | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
@@ -286,8 +289,9 @@ def replay_dead_letters(
             say which.
         dry_run: only decode, and report which dead letters would go through and which still fail to decode;
             nothing is written.
+        table_format, iceberg_catalog: the lake tables' format and, for Iceberg, their catalog (as the pipeline's).
     """
-    sink = DeltaSink(spark, lake)
+    sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)
     report = ReplayReport(replay_id=f"dlq-{uuid.uuid4()}", dry_run=dry_run)
     if format_name is not None:
         get_format(format_name)  # an unknown name stops here, with the known ones
@@ -327,6 +331,8 @@ def replay_dead_letters(
             format_options={name: dict(format_options or {})},
             keys={k: list(v) for k, v in (keys or {}).items()},
             name="dlq-replay",
+            table_format=table_format,
+            iceberg_catalog=iceberg_catalog,
         )
         if dry_run:
             failures = _decode_failures(spark, settings, group)

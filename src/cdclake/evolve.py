@@ -308,6 +308,10 @@ class SchemaEvolution:
                     changes[name] = target
                 elif not self.sink.column_has_values(plan.database, plan.schema, plan.table, name):
                     changes[name] = newest.get(name.lower(), sorted(declared)[0])
+            # A type the table format stores as the current one (Iceberg keeps tinyint and smallint as int) is no
+            # change: rewriting the table for it would rewrite it again with every batch.
+            current_types = dict(stored)
+            changes = {n: t for n, t in changes.items() if self.sink.stored_type(t) != current_types[n]}
             if not changes:
                 continue
             log.info("table %s: column types %s", plan.table, changes)

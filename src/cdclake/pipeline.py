@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
+from cdclake.exceptions import ConfigError
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -45,8 +46,8 @@ from cdclake.formats.base import (
     unique_metadata,
 )
 from cdclake.model import Op
-from cdclake.sinks import history
-from cdclake.sinks.delta import DeletionVectors, DeltaSink, Txn, concurrently, in_turns, turn_marker
+from cdclake.sinks import TableFormat, history, lake_sink
+from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,10 @@ class PipelineSettings:
             anyway, with a warning.
         deletion_vectors: when lake and history tables use Delta deletion vectors: ``auto``, ``always`` or
             ``never`` (see :class:`cdclake.sinks.delta.DeltaSink`).
+        table_format: the lake tables' format, ``delta`` or ``iceberg`` (see cdclake.sinks.iceberg); the
+            bookkeeping tables are Delta either way.
+        iceberg_catalog: with ``iceberg``, a Spark catalog of the session that holds the lake tables instead of a
+            Hadoop catalog at ``lake``.
     """
 
     lake: str
@@ -154,6 +159,8 @@ class PipelineSettings:
     transaction_max_open_seconds: float = DEFAULT_TRANSACTION_MAX_OPEN_SECONDS
     transaction_max_pending_messages: int = DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
     deletion_vectors: DeletionVectors = "auto"
+    table_format: TableFormat = "delta"
+    iceberg_catalog: str | None = None
 
 
 @dataclass
@@ -234,7 +241,19 @@ class Pipeline:
     def __init__(self, spark: SparkSession, settings: PipelineSettings) -> None:
         self.spark = spark
         self.settings = settings
-        self.sink = DeltaSink(spark, settings.lake, settings.deletion_vectors)
+        if settings.table_format == "iceberg" and (settings.changelog or settings.scd2):
+            raise ConfigError(
+                "history",
+                "history tables (changelog, scd2) are Delta tables and are not kept for Iceberg lake tables yet",
+                "remove `history:`, or use `table_format: delta`",
+            )
+        self.sink = lake_sink(
+            spark,
+            settings.lake,
+            settings.table_format,
+            deletion_vectors=settings.deletion_vectors,
+            iceberg_catalog=settings.iceberg_catalog,
+        )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
         self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies)

@@ -14,6 +14,7 @@ from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
+from cdclake.sinks import TableFormat
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
@@ -145,6 +146,8 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         transaction_max_open_seconds=config.transactions.max_open_seconds,
         transaction_max_pending_messages=config.transactions.max_pending_messages,
         deletion_vectors=config.deletion_vectors,
+        table_format=config.table_format,
+        iceberg_catalog=config.iceberg_catalog,
     )
 
 
@@ -199,11 +202,15 @@ def replay(
     scd2: TableSelection = False,
     transaction_consistent: bool = False,
     deletion_vectors: DeletionVectors = "auto",
+    table_format: TableFormat = "delta",
+    iceberg_catalog: str | None = None,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
-    ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink).
+    ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
+    ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
+    cdclake.sinks.iceberg).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
@@ -224,6 +231,8 @@ def replay(
         scd2=scd2,
         transaction_consistent=transaction_consistent,
         deletion_vectors=deletion_vectors,
+        table_format=table_format,
+        iceberg_catalog=iceberg_catalog,
     )
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []

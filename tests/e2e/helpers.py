@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
 
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
-from cdclake.devtools.verify import compare_lake, describe
+from cdclake.devtools.verify import compare_lake, describe, read_table, user_rows
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
 
 
@@ -33,6 +37,18 @@ def workload(seed: int = 11, events: int = 300, **options: object) -> tuple[Sour
 def write_lines(path: Path, messages: list[Message]) -> Path:
     path.write_text(to_jsonl(messages), encoding="utf-8")
     return path
+
+
+def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[dict[str, Any]]]:
+    """Reads a lake table by its path, for :func:`~cdclake.devtools.verify.compare_lake`: a Delta table with
+    delta-rs; an Iceberg table with Iceberg's Hadoop-table reader (by path, not through cdclake's catalog)."""
+    if table_format == "delta":
+        return read_table
+
+    def read_iceberg(path: str) -> list[dict[str, Any]]:
+        return user_rows(row.asDict() for row in spark.read.format("iceberg").load(path).collect())
+
+    return read_iceberg
 
 
 def assert_lake_equals_truth(lake: str, history: SourceHistory) -> None:

@@ -23,7 +23,7 @@ from cdclake.devtools import broker
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.runner import run
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-from tests.e2e.helpers import assert_lake_equals_truth, stream_config, topic_with, workload
+from tests.e2e.helpers import assert_lake_equals_truth, lake_reader, stream_config, topic_with, workload
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -80,14 +80,14 @@ def test_sigkill_mid_run_then_restart_gives_the_same_tables(spark, kafka, tmp_pa
         assert recovered, "the run was killed mid-stream, yet the restart applied nothing"
 
 
-KILLED_FORMATS = ["dts-avro", "qlik-json"]
-"""Binary Avro, and Qlik with its metadata messages (DataWorks JSON is killed above). Each costs about a minute;
-every format's stream is also replayed in tests/e2e/test_rendered_streams.py."""
+KILLED = [("dts-avro", "delta"), ("qlik-json", "delta"), ("dts-canal-json", "iceberg")]
+"""Binary Avro, Qlik with its metadata messages (DataWorks JSON is killed above), and Iceberg lake tables. Each costs
+about a minute; every format's stream is also replayed in tests/e2e/test_rendered_streams.py."""
 
 
-@pytest.mark.parametrize("format_name", KILLED_FORMATS)
+@pytest.mark.parametrize(("format_name", "table_format"), KILLED)
 def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
-    spark, kafka, tmp_path: Path, format_name: str
+    spark, kafka, tmp_path: Path, format_name: str, table_format: str
 ) -> None:
     """A rendered stream of the format (re-sends, malformed messages, transactions, partial images, a key-less
     table, a truncate, an added column) is streamed by `cdclake run`, SIGKILLed at a random moment of its batches
@@ -95,7 +95,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     chance = random.Random()
     seed = chance.randrange(1_000_000)
     kill_after = chance.uniform(0.0, 4.0)
-    note = f"{format_name}: render seed {seed}, killed {kill_after:.2f} s after the first batch"
+    note = f"{format_name} into {table_format}: render seed {seed}, killed {kill_after:.2f} s after the first batch"
     history = SourceHistory.generate(
         HistoryConfig(
             seed=seed % 1000, tables=3, events=100, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1
@@ -116,6 +116,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
         format_options={format_name: dict(stream.format_options)} if stream.format_options else {},
         keys={table: list(columns) for table, columns in stream.keys.items()},
         trigger=TriggerConfig(available_now=True),
+        table_format=table_format,  # type: ignore[arg-type]
     )
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
@@ -128,5 +129,5 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters")
     assert dead.select("partition", "offset").distinct().count() == malformed, note
-    comparison = compare_lake(lake, stream.expected_truth(history))
+    comparison = compare_lake(lake, stream.expected_truth(history), lake_reader(spark, table_format))
     assert all(r.ok for r in comparison), f"{note}\n{describe(comparison)}"

@@ -143,6 +143,8 @@ def replay(
             "always, never."
         ),
     ] = "auto",
+    table_format: TableFormatOption = "delta",
+    iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
@@ -151,6 +153,7 @@ def replay(
         raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
     if deletion_vectors not in ("auto", "always", "never"):
         raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
+    _check_table_format(table_format, iceberg_catalog)
     from cdclake.formats import get_format
     from cdclake.runner import replay as run_replay
     from cdclake.sources.files import check_files
@@ -183,9 +186,11 @@ def replay(
             changelog=_table_selection(changelog or []),
             scd2=_table_selection(scd2 or []),
             deletion_vectors=deletion_vectors,  # type: ignore[arg-type]
+            table_format=table_format,  # type: ignore[arg-type]
+            iceberg_catalog=iceberg_catalog,
             on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
         )
-    _print_summary(spark, lake, results)
+    _print_summary(spark, lake, results, table_format, iceberg_catalog)
 
 
 @app.command()
@@ -323,6 +328,22 @@ def dlq_list(
     out.print(f"{listing.matched} dead letters, {listing.unresolved} unresolved{shown}")
 
 
+TableFormatOption = Annotated[
+    str, typer.Option(help="The lake tables' format: delta, or iceberg (README: Iceberg lake tables).")
+]
+IcebergCatalogOption = Annotated[
+    str | None,
+    typer.Option(help="With --table-format iceberg: a Spark catalog of the session for the lake tables."),
+]
+
+
+def _check_table_format(table_format: str, iceberg_catalog: str | None) -> None:
+    if table_format not in ("delta", "iceberg"):
+        raise InputError(f"--table-format must be 'delta' or 'iceberg', not {table_format!r}")
+    if iceberg_catalog is not None and table_format != "iceberg":
+        raise InputError("--iceberg-catalog is only used with --table-format iceberg")
+
+
 @dlq_app.command("replay")
 def dlq_replay(
     lake: LakeOption,
@@ -345,6 +366,8 @@ def dlq_replay(
     dry_run: Annotated[
         bool, typer.Option(help="Only decode and report what would go through and what still fails; write nothing.")
     ] = False,
+    table_format: TableFormatOption = "delta",
+    iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Decode unresolved dead letters again and apply them like any batch; each is applied at most once."""
     from cdclake.dlq import replay_dead_letters
@@ -352,6 +375,7 @@ def dlq_replay(
 
     key_map = _parse_keys(keys or [])
     options = _parse_options(option or [])
+    _check_table_format(table_format, iceberg_catalog)
     if format_name is not None:
         get_format(format_name)
     filters = _dead_letter_filter(pipeline, topic, table, reason, since)
@@ -364,6 +388,8 @@ def dlq_replay(
             format_options=options,
             filters=filters,
             dry_run=dry_run,
+            table_format=table_format,  # type: ignore[arg-type]
+            iceberg_catalog=iceberg_catalog,
         )
     if not report.selected:
         out.print(f"no unresolved dead letters match in {lake}")
@@ -399,10 +425,12 @@ def _session(conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def
     return get_session(conf=conf)
 
 
-def _print_summary(spark, lake: str, results) -> None:  # type: ignore[no-untyped-def]
-    from cdclake.sinks.delta import DeltaSink
+def _print_summary(  # type: ignore[no-untyped-def]
+    spark, lake: str, results, table_format: str, iceberg_catalog: str | None
+) -> None:
+    from cdclake.sinks import lake_sink
 
-    sink = DeltaSink(spark, lake)
+    sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)  # type: ignore[arg-type]
     messages = sum(r.messages for r in results)
     dead = sum(r.dead_letters for r in results)
     changes: dict[str, int] = {}

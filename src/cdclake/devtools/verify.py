@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -65,13 +65,28 @@ def read_table(path: str) -> list[dict[str, Any]]:
         rows = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()).to_pylist()
     else:
         rows = [row for uri in table.file_uris() for row in pq.read_table(uri.removeprefix("file://")).to_pylist()]
+    return user_rows(rows)
+
+
+def user_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (of a lake table, read by any reader) without cdclake's metadata columns, values normalised as
+    :func:`read_table` does."""
     return [{k: _normalise(v) for k, v in row.items() if not k.startswith(METADATA_PREFIX)} for row in rows]
 
 
-def compare_table(path: str, name: str, expected: Sequence[Mapping[str, Any]]) -> TableComparison:
-    """Compares a lake table with expected rows as multisets (row order is irrelevant)."""
+def compare_table(
+    path: str,
+    name: str,
+    expected: Sequence[Mapping[str, Any]],
+    read: Callable[[str], list[dict[str, Any]]] = read_table,
+) -> TableComparison:
+    """Compares a lake table with expected rows as multisets (row order is irrelevant).
+
+    Args:
+        read: reads the table at ``path`` (:func:`read_table`, delta-rs, by default).
+    """
     try:
-        actual = read_table(path)
+        actual = read(path)
     except Exception as exc:  # a missing or unreadable table is a finding, not a crash
         if not expected:
             return TableComparison(name, 0, 0)
@@ -87,10 +102,15 @@ def compare_table(path: str, name: str, expected: Sequence[Mapping[str, Any]]) -
     return result
 
 
-def compare_lake(lake: str, truth: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]) -> list[TableComparison]:
-    """Compares every table of ``truth`` ((database, table) -> rows) with ``<lake>/<database>/<table>``."""
+def compare_lake(
+    lake: str,
+    truth: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
+    read: Callable[[str], list[dict[str, Any]]] = read_table,
+) -> list[TableComparison]:
+    """Compares every table of ``truth`` ((database, table) -> rows) with ``<lake>/<database>/<table>``, read by
+    ``read`` (delta-rs by default)."""
     return [
-        compare_table(f"{lake.rstrip('/')}/{safe_name(db)}/{safe_name(table)}", f"{db}.{table}", rows)
+        compare_table(f"{lake.rstrip('/')}/{safe_name(db)}/{safe_name(table)}", f"{db}.{table}", rows, read)
         for (db, table), rows in sorted(truth.items())
     ]
 

@@ -224,6 +224,73 @@ def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list
     return conditions
 
 
+@dataclass(frozen=True)
+class MergeStatement:
+    """The parts of one table's MERGE of folded changes (:func:`merge_statement`), as Spark SQL text over the target
+    ``t`` and the source ``s``; shared by the Delta and Iceberg sinks."""
+
+    source: DataFrame
+    """Per change: ``_k`` (kind), ``_partial``, cdclake's columns, and per table column ``_c<i>`` (its typed value)
+    and ``_p<i>`` (whether the image has it)."""
+    matched_on: str
+    delete_when: str
+    update_when: str
+    update_set: Mapping[str, str]
+    """Quoted target column -> its new value."""
+    insert_when: str
+    insert_values: Mapping[str, str]
+
+
+def merge_statement(
+    plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, partitions: int, table: str
+) -> MergeStatement:
+    """The MERGE of one table's folded, gated ``changes`` into a table with ``table_columns``: a delete or an upsert
+    applies only when its order is at least the row's recorded one; a partial image keeps the columns it lacks.
+
+    Args:
+        partitions: at most this many source partitions (so files, when the target has none to rewrite).
+        table: the table's name, for the error of a key column it lacks.
+    """
+    image = F.col(apply.IMAGE)
+    present = F.map_keys(image)
+    source_columns: list[Column] = [
+        F.col(apply.KIND).alias("_k"),
+        F.col(apply.PARTIAL).alias("_partial"),
+        F.col(apply.ORDER).alias(POSITION_COLUMN),
+        F.col(model.EVENT_TIME).alias(EVENT_TIME_COLUMN),
+        F.col(apply.KIND).alias(OP_COLUMN),
+    ]
+    for index, (name, spark_type) in enumerate(table_columns):
+        source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
+        source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
+    source = changes.coalesce(partitions).select(*source_columns)
+    index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
+    missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
+    if missing_keys:
+        raise RuntimeError(f"key columns {missing_keys} are not columns of {table}")
+    # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
+    # a column the message does not declare matches the row's NULL in it.
+    match_on = plan.key_columns or [name for name, _ in table_columns]
+    newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
+    update_set = {
+        quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
+        for i, (name, _) in enumerate(table_columns)
+    }
+    insert_values = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns)}
+    for meta, _ in METADATA_COLUMNS:
+        update_set[meta] = f"s.{meta}"
+        insert_values[meta] = f"s.{meta}"
+    return MergeStatement(
+        source=source,
+        matched_on=" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on),
+        delete_when=f"s._k = '{apply.DELETE}' AND {newer}",
+        update_when=f"s._k = '{apply.UPSERT}' AND {newer}",
+        update_set=update_set,
+        insert_when=f"s._k = '{apply.UPSERT}'",
+        insert_values=insert_values,
+    )
+
+
 def _may_gate(lowest_orders: Mapping[str, str | None]) -> Column:
     """Over the tombstones table: the tombstones of the tables of ``lowest_orders`` that are ordered at or after the
     table's lowest order (all of a table's tombstones when that is None).
@@ -494,6 +561,11 @@ class DeltaSink:
             properties.insert(0, f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}")
         self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
 
+    @staticmethod
+    def stored_type(spark_type: str) -> str:
+        """The type a lake table column declared as ``spark_type`` has (Delta keeps every type as declared)."""
+        return spark_type
+
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         """The key columns recorded when cdclake created the table."""
         path = self.table_path(database, schema, table)
@@ -521,6 +593,10 @@ class DeltaSink:
         events older than that order never bring rows back."""
         if self._exists(self.table_path(plan.database, plan.schema, plan.table)):
             self.truncate(plan, txn)
+        self._remember_cleared(plan, txn)
+
+    def _remember_cleared(self, plan: TablePlan, txn: Txn | None) -> None:
+        """Records the tombstone of a table cleared at ``plan.truncate_order``."""
         empty = local_frame(
             self.spark,
             [],
@@ -594,49 +670,21 @@ class DeltaSink:
         may run concurrently inside the same block: they share the batch's marker, one commit per table.
         """
         path = self.table_path(plan.database, plan.schema, plan.table)
-        image = F.col(apply.IMAGE)
-        present = F.map_keys(image)
-        source_columns: list[Column] = [
-            F.col(apply.KIND).alias("_k"),
-            F.col(apply.PARTIAL).alias("_partial"),
-            F.col(apply.ORDER).alias(POSITION_COLUMN),
-            F.col(model.EVENT_TIME).alias(EVENT_TIME_COLUMN),
-            F.col(apply.KIND).alias(OP_COLUMN),
-        ]
-        for index, (name, spark_type) in enumerate(table_columns):
-            source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
-            source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
-        # No more partitions (so files, when the target has none to rewrite) than merging() grants each MERGE.
-        source = changes.coalesce(self._shuffle_partitions()).select(*source_columns)
-        index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
-        missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
-        if missing_keys:
-            raise RuntimeError(f"key columns {missing_keys} are not columns of {path}")
-        # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
-        # a column the message does not declare matches the row's NULL in it.
-        match_on = plan.key_columns or [name for name, _ in table_columns]
-        condition = F.expr(" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on))
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
+        condition = F.expr(statement.matched_on)
         if self.key_ranges_pay(path):
+            index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
             pruned = [(k, index_of[k.lower()]) for k in _pruned_columns(table_columns, plan.key_columns)]
             ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
-            for within in _key_ranges(source, ranged):
+            for within in _key_ranges(statement.source, ranged):
                 condition = condition & within
-        newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
-        update_set: dict[str, str | Column] = {
-            quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
-            for i, (name, _) in enumerate(table_columns)
-        }
-        insert_values: dict[str, str | Column] = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns)}
-        for meta, _ in METADATA_COLUMNS:
-            update_set[meta] = f"s.{meta}"
-            insert_values[meta] = f"s.{meta}"
         (
             DeltaTable.forPath(self.spark, path)
             .alias("t")
-            .merge(source.alias("s"), condition)
-            .whenMatchedDelete(condition=f"s._k = '{apply.DELETE}' AND {newer}")
-            .whenMatchedUpdate(condition=f"s._k = '{apply.UPSERT}' AND {newer}", set=update_set)
-            .whenNotMatchedInsert(condition=f"s._k = '{apply.UPSERT}'", values=insert_values)
+            .merge(statement.source.alias("s"), condition)
+            .whenMatchedDelete(condition=statement.delete_when)
+            .whenMatchedUpdate(condition=statement.update_when, set=dict(statement.update_set))
+            .whenNotMatchedInsert(condition=statement.insert_when, values=dict(statement.insert_values))
             .execute()
         )
         self.merged(path)

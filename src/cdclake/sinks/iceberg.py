@@ -1,0 +1,387 @@
+"""Apache Iceberg lake tables (``table_format: iceberg``): the only module that knows Iceberg.
+
+The lake tables are Iceberg tables (format version 2) in a Spark catalog: by default a Hadoop catalog whose
+warehouse is the lake directory, so a table lives at ``<lake>/<database>/<table>`` as with Delta; or a catalog the
+session already has (``iceberg_catalog``: a REST, Glue, Hive or Nessie catalog configured with Spark's
+``spark.sql.catalog.<name>.*`` settings), whose namespace ``<database>`` holds table ``<table>``. cdclake's own
+bookkeeping tables under ``<lake>/_cdclake`` (tombstones, progress, dead letters, schema changes, pending
+transactions) stay Delta tables: they are written by :class:`~cdclake.sinks.delta.DeltaSink`, which this sink
+extends.
+
+Row changes are applied as in Delta: one ``MERGE INTO`` per table and batch (:func:`~cdclake.sinks.delta.
+merge_statement`), gated by each row's recorded order. Tables are merge-on-read (``write.merge.mode``,
+``write.update.mode``, ``write.delete.mode``): a MERGE writes the changed rows and position deletes instead of
+rewriting the files that held them, Iceberg's counterpart of Delta's deletion vectors. Every
+:attr:`IcebergSink.COMPACT_EVERY` MERGEs of a table, its data files are rewritten with their deletes applied
+(``rewrite_data_files``), since Iceberg has no automatic compaction.
+
+Exactly once: each commit of a batch carries the snapshot summary property ``cdclake.txn.<app id>`` = batch id
+(Iceberg's ``spark.sql.iceberg.snapshot-property.*`` session settings), and a write whose table already has a
+snapshot with that batch id, or a later one, is skipped; this is Delta's idempotent-writer rule (``txnAppId`` /
+``txnVersion``). Expiring snapshots is safe as long as the newest snapshots of the last batch remain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Final
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdclake.apply import TablePlan
+from cdclake.sinks.delta import (
+    METADATA_COLUMNS,
+    POSITION_COLUMN,
+    DeltaSink,
+    Txn,
+    _sql_string,
+    merge_statement,
+    quote,
+    safe_name,
+)
+
+MARKER_PREFIX: Final = "cdclake.txn."
+"""Snapshot summary property of a batch's commit: ``cdclake.txn.<app id>`` = the batch id."""
+_SNAPSHOT_PROPERTY: Final = "spark.sql.iceberg.snapshot-property."
+
+TABLE_PROPERTIES: Final = {
+    "format-version": "2",
+    # Merge-on-read: a MERGE, UPDATE or DELETE writes position deletes, not whole files again.
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+}
+"""Properties of every lake table this sink creates."""
+
+_KEPT_PROPERTIES: Final = ("cdclake.", "write.", "read.", "commit.", "history.")
+"""Table properties a rewrite carries over (a user's settings among them); Iceberg's reserved ones it does not."""
+
+_STORED_TYPES: Final = {"tinyint": "int", "smallint": "int"}
+
+Identity = tuple[str | None, str | None, str]
+"""A source table: (database, schema, table)."""
+
+
+def _marker_setting(txn: Txn) -> str:
+    return f"{_SNAPSHOT_PROPERTY}{MARKER_PREFIX}{txn.app_id}"
+
+
+class IcebergSink(DeltaSink):
+    """Writes lake tables as Iceberg tables; bookkeeping stays in Delta (see the module doc).
+
+    Args:
+        spark: the session.
+        lake: the lake directory: the bookkeeping tables' home, and the warehouse of the default catalog.
+        catalog: a Spark catalog the session already has, for the lake tables; None for a Hadoop catalog at
+            ``lake`` (registered in the session under ``cdclake_<hash of lake>``).
+    """
+
+    COMPACT_EVERY: int = 50
+    """A table's data files are rewritten, deletes applied, after one in this many of its MERGEs by this sink (the
+    count Delta's auto compaction waits for, ``spark.databricks.delta.autoCompact.minNumFiles``)."""
+
+    def __init__(self, spark: SparkSession, lake: str, catalog: str | None = None) -> None:
+        super().__init__(spark, lake, deletion_vectors="never")
+        if catalog is None:
+            catalog = "cdclake_" + hashlib.sha1(self.lake.encode("utf-8")).hexdigest()[:12]
+            prefix = f"spark.sql.catalog.{catalog}"
+            spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
+            spark.conf.set(f"{prefix}.type", "hadoop")
+            spark.conf.set(f"{prefix}.warehouse", self.lake)
+            self._own_catalog = True
+        else:
+            self._own_catalog = False
+        self.catalog = catalog
+        # (table path, marker app id) -> the newest batch id that the table's snapshots record for it.
+        self._committed: dict[tuple[str, str], int | None] = {}
+        # The marker of the enclosing idempotent() block, which the batch's concurrent MERGEs share.
+        self._marker: Txn | None = None
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Names
+
+    # A table is known by its path, ``<lake>/<namespace>/<table>`` (DeltaSink.table_path: its location in the default
+    # catalog), as everywhere in the pipeline; its catalog name has the same two safe names.
+
+    def _names(self, path: str) -> tuple[str, str]:
+        namespace, table = path.removeprefix(self.lake + "/").split("/")
+        return namespace, table
+
+    def _namespace(self, database: str | None, schema: str | None) -> str:
+        return f"{quote(self.catalog)}.{quote(safe_name(database or schema))}"
+
+    def identifier(self, database: str | None, schema: str | None, table: str) -> str:
+        """The table's quoted Spark SQL name: ``catalog.namespace.table``."""
+        return self._identifier_of(self.table_path(database, schema, table))
+
+    def _identifier_of(self, path: str) -> str:
+        namespace, table = self._names(path)
+        return f"{quote(self.catalog)}.{quote(namespace)}.{quote(table)}"
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Exactly once
+
+    @contextmanager
+    def idempotent(self, txn: Txn | None) -> Iterator[None]:
+        """Marks the lake-table commits inside the block with ``txn``; one already recorded is skipped."""
+        if txn is None:
+            yield
+            return
+        previous, self._marker = self._marker, txn
+        # One marker at a time: a commit inside a nested block must not also carry the outer block's marker, or
+        # the outer block's own commit to that table would later be taken as done.
+        if previous is not None:
+            self.spark.conf.unset(_marker_setting(previous))
+        self.spark.conf.set(_marker_setting(txn), str(txn.version))
+        try:
+            yield
+        finally:
+            self.spark.conf.unset(_marker_setting(txn))
+            self._marker = previous
+            if previous is not None:
+                self.spark.conf.set(_marker_setting(previous), str(previous.version))
+
+    def _done(self, path: str, txn: Txn | None) -> bool:
+        """Whether the table at ``path`` already has a commit of ``txn`` or of a later batch."""
+        if txn is None:
+            return False
+        key = (path, txn.app_id)
+        if key not in self._committed:
+            summary = F.col("summary")[MARKER_PREFIX + txn.app_id].cast("bigint")
+            row = self.spark.table(f"{self._identifier_of(path)}.snapshots").select(F.max(summary)).first()
+            self._committed[key] = None if row is None else row[0]
+        recorded = self._committed[key]
+        return recorded is not None and recorded >= txn.version
+
+    @contextmanager
+    def _commit(self, path: str, txn: Txn | None) -> Iterator[None]:
+        """One commit to the table at ``path`` marked with ``txn`` (the enclosing block's marker, or its own
+        block); records it, or forgets what was known of the table if it failed (it may have committed)."""
+        try:
+            if txn is None or txn == self._marker:
+                yield
+            else:
+                with self.idempotent(txn):
+                    yield
+        except BaseException:
+            if txn is not None:
+                self._committed.pop((path, txn.app_id), None)
+            raise
+        if txn is not None:
+            self._committed[(path, txn.app_id)] = txn.version
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Tables
+
+    def _user_table_exists(self, path: str) -> bool:
+        return bool(self.spark.catalog.tableExists(self._identifier_of(path)))
+
+    def ensure_table(self, plan: TablePlan) -> list[tuple[str, str]]:
+        """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        cached = self._columns.get(path)
+        if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
+            return cached
+        if not self._user_table_exists(path):
+            if self._own_catalog:
+                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema)}")
+            columns = [*plan.columns, *METADATA_COLUMNS]
+            properties = {
+                **TABLE_PROPERTIES,
+                "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
+                "cdclake.keyColumns": ",".join(plan.key_columns),
+            }
+            # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here; types come from cdclake's
+            # own list of supported Spark types.
+            listed = ", ".join(f"{quote(name)} {spark_type}" for name, spark_type in columns)
+            props = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
+            identifier = self._identifier_of(path)
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
+        self._columns.pop(path, None)
+        stored = self.columns(plan.database, plan.schema, plan.table) or []
+        existing = {name.lower() for name, _ in stored}
+        missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
+        if missing:
+            self._add_columns(path, missing)
+            stored = self.columns(plan.database, plan.schema, plan.table) or []
+        return stored
+
+    def columns(self, database: str | None, schema: str | None, table: str) -> list[tuple[str, str]] | None:
+        """The (name, type) user columns of a lake table, or ``None`` if it does not exist."""
+        path = self.table_path(database, schema, table)
+        if path in self._columns:
+            return self._columns[path]
+        if not self._user_table_exists(path):
+            return None
+        meta = {name for name, _ in METADATA_COLUMNS}
+        fields = self.spark.table(self._identifier_of(path)).schema.fields
+        self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
+        return self._columns[path]
+
+    def _add_columns(self, path: str, columns: Sequence[tuple[str, str]]) -> None:
+        stored = {f.name.lower() for f in self.spark.table(self._identifier_of(path)).schema.fields}
+        new = [(name, t) for name, t in columns if name.lower() not in stored]
+        if new:
+            listed = ", ".join(f"{quote(name)} {t}" for name, t in new)
+            self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")
+        self._columns.pop(path, None)
+
+    @staticmethod
+    def stored_type(spark_type: str) -> str:
+        """Iceberg has no 8- or 16-bit integers: Spark's Iceberg catalog stores tinyint and smallint as int."""
+        return _STORED_TYPES.get(spark_type, spark_type)
+
+    def column_has_values(self, database: str | None, schema: str | None, table: str, column: str) -> bool:
+        frame = self.read(database, table, schema)
+        return not frame.where(F.col(quote(column)).isNotNull()).isEmpty()
+
+    def _properties_of(self, path: str) -> dict[str, str]:
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._identifier_of(path)}").collect()
+        return {row["key"]: row["value"] for row in rows}
+
+    def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
+        path = self.table_path(database, schema, table)
+        recorded = self._properties_of(path).get("cdclake.keyColumns", "")
+        return [k for k in recorded.split(",") if k]
+
+    def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
+        path = self.table_path(database, schema, table)
+        if not self._user_table_exists(path):
+            return None
+        return self.key_columns(database, schema, table) or None
+
+    def rewrite(
+        self,
+        database: str | None,
+        schema: str | None,
+        table: str,
+        columns: Sequence[tuple[str, Column]],
+        txn: Txn | None,
+        key_columns: Sequence[str] | None = None,
+    ) -> None:
+        """Replaces the table with new user columns (``name``, expression over the current row), keeping cdclake's
+        columns and the table's properties: one snapshot, as Delta's rewrite is one commit."""
+        path = self.table_path(database, schema, table)
+        if self._done(path, txn):
+            return
+        identifier = self._identifier_of(path)
+        properties = {
+            k: v
+            for k, v in self._properties_of(path).items()
+            if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
+        }
+        if key_columns is not None:
+            names = {name.lower() for name, _ in columns}
+            properties["cdclake.keyColumns"] = ",".join(k for k in key_columns if k.lower() in names)
+        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
+        # Iceberg reads the snapshot that is current when the write plans: the replace's commit does not change it.
+        rows = self.spark.table(identifier).select(*selected)
+        writer = rows.writeTo(identifier).using("iceberg")
+        for name, value in properties.items():
+            writer = writer.tableProperty(name, value)
+        with self._commit(path, txn):
+            writer.createOrReplace()
+        self._columns.pop(path, None)
+
+    def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
+        """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
+        target_path = self.table_path(*target)
+        if self._done(target_path, txn):
+            return
+        rows = self.read(source[0], source[2], source[1])
+        with self._commit(target_path, txn):
+            rows.writeTo(self._identifier_of(target_path)).overwrite(F.lit(True))
+        self._columns.pop(target_path, None)
+
+    def clear(self, plan: TablePlan, txn: Txn | None) -> None:
+        """Deletes every row written before ``plan.truncate_order`` and remembers it (see DeltaSink.clear)."""
+        if self._user_table_exists(self.table_path(plan.database, plan.schema, plan.table)):
+            self.truncate(plan, txn)
+        self._remember_cleared(plan, txn)
+
+    def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
+        """Deletes every row written before the plan's TRUNCATE."""
+        assert plan.truncate_order is not None
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
+        if self._done(path, marker):
+            return
+        with self._commit(path, marker):
+            self.spark.sql(
+                f"DELETE FROM {self._identifier_of(path)} WHERE {POSITION_COLUMN} < {_sql_string(plan.truncate_order)}"
+            )
+
+    def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
+        """One ``MERGE INTO`` of the folded, gated changes of one table (see DeltaSink.merge); inside
+        :meth:`idempotent`, skipped when the table already has the batch's commit."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        marker = self._marker
+        if self._done(path, marker):
+            return
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
+        # A view per MERGE (the batch's MERGEs run concurrently), in this sink's session: its settings hold the
+        # batch's marker, and a streaming batch's frames belong to the query's own copy of the session.
+        view = f"cdclake_merge_source_{uuid.uuid4().hex}"
+        self._in_own_session(statement.source).createOrReplaceTempView(view)
+        update = ", ".join(f"{column} = {value}" for column, value in statement.update_set.items())
+        insert_columns = ", ".join(statement.insert_values)
+        insert_values = ", ".join(statement.insert_values.values())
+        try:
+            with self._commit(path, marker):
+                self.spark.sql(
+                    f"MERGE INTO {self._identifier_of(path)} t USING {view} s ON {statement.matched_on} "
+                    f"WHEN MATCHED AND {statement.delete_when} THEN DELETE "
+                    f"WHEN MATCHED AND {statement.update_when} THEN UPDATE SET {update} "
+                    f"WHEN NOT MATCHED AND {statement.insert_when} "
+                    f"THEN INSERT ({insert_columns}) VALUES ({insert_values})"
+                )
+        finally:
+            self.spark.catalog.dropTempView(view)
+        self.merged(path)
+
+    def _in_own_session(self, frame: DataFrame) -> DataFrame:
+        """``frame`` as a frame of this sink's session (the same plan)."""
+        own = self.spark._jsparkSession
+        if frame.sparkSession._jsparkSession.equals(own):
+            return frame
+        jvm = self.spark._jvm
+        assert jvm is not None
+        rebound = jvm.org.apache.spark.sql.classic.Dataset.ofRows(own, frame._jdf.queryExecution().logical())
+        return DataFrame(rebound, self.spark)
+
+    def merged(self, path: str) -> None:
+        """After a MERGE into the table at ``path``: one in :attr:`COMPACT_EVERY` rewrites its data files with
+        their deletes applied."""
+        merges = self._merges.get(path, 0) + 1
+        self._merges[path] = merges
+        if merges % self.COMPACT_EVERY == 0:
+            self.compact(path)
+
+    def compact(self, path: str) -> None:
+        """Rewrites the table's small files and the files that have deletes (Iceberg's ``rewrite_data_files``)."""
+        name = ".".join(self._names(path))
+        self.spark.sql(
+            f"CALL {quote(self.catalog)}.system.rewrite_data_files(table => {_sql_string(name)}, "
+            "options => map('min-input-files', '2', 'delete-file-threshold', '1'))"
+        ).collect()
+
+    # Deletion vectors and key ranges are Delta's: a merge-on-read table needs neither.
+    def prepare_deletion_vectors(self, path: str) -> None:
+        del path
+
+    def key_ranges_pay(self, path: str) -> bool:
+        del path
+        return False
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Reading back
+
+    def read(self, database: str | None, table: str, schema: str | None = None) -> DataFrame:
+        return self.spark.table(self.identifier(database, schema, table))
+
+    def row_count(self, path: str) -> int:
+        return self.spark.table(self._identifier_of(path)).count()

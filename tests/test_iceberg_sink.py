@@ -1,0 +1,216 @@
+"""Iceberg lake tables (``table_format: iceberg``, cdclake.sinks.iceberg): the same streams must end as the same
+tables as with Delta, a re-run batch must commit nothing twice, and DDL must evolve the Iceberg schema.
+
+Tables are read back by path through Iceberg's own Hadoop-table reader (``format("iceberg").load(path)``), not
+through the catalog the sink registers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+from typer.testing import CliRunner
+
+from cdclake.cli.main import app
+from cdclake.config import parse_config
+from cdclake.devtools.verify import compare_lake, describe
+from cdclake.exceptions import ConfigError, InputError
+from cdclake.pipeline import Pipeline, PipelineSettings
+from cdclake.runner import replay
+from cdclake.sinks.iceberg import MARKER_PREFIX, IcebergSink
+from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
+from cdclake.workload.renderers import to_lines
+from tests.e2e.helpers import lake_reader
+from tests.formats.golden import messages_frame
+from tests.test_ddl import EXPECTED_CLIENT, row_message, run_scenario
+from tests.test_dlq import stock
+
+pytestmark = pytest.mark.spark
+
+HISTORY = HistoryConfig(
+    seed=11, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
+)
+SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
+TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
+
+
+@pytest.mark.parametrize("format_name", ["dataworks-json", "qlik-json", "dts-shareplex-json"])
+def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
+    spark, tmp_path: Path, format_name: str
+) -> None:
+    # Truncates, deletes, a key-less table, an added column, re-sends, partial images (Qlik's column mask,
+    # SharePlex's changed-only data) and malformed messages, in two batches.
+    history = SourceHistory.generate(HISTORY)
+    stream = render_stream(format_name, history, SHAPE, seed=11)
+    capture = tmp_path / "capture.txt"
+    capture.write_text(to_lines(stream.messages, binary=False), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    captured = sum(1 for m in stream.messages if m.value is not None)
+
+    results = replay(
+        spark,
+        lake=lake,
+        format_name=format_name,
+        paths=[str(capture)],
+        keys=stream.keys,
+        format_options=stream.format_options,
+        batch_lines=captured // 2 + 1,
+        table_format="iceberg",
+    )
+
+    assert sum(r.dead_letters for r in results) == sum(1 for m in stream.messages if m.is_malformed)
+    comparison = compare_lake(lake, stream.expected_truth(history), lake_reader(spark, "iceberg"))
+    assert all(r.ok for r in comparison), describe(comparison)
+    assert sum(r.actual_rows for r in comparison) > 0
+    table = next(p for r in results for p in r.applied)
+    assert (Path(table) / "metadata").is_dir()  # an Iceberg table, not a Delta one
+    assert not (Path(table) / "_delta_log").exists()
+
+
+def _canal(op: str, rows: list[dict[str, str]]) -> dict[str, Any]:
+    return {"value": json.loads(row_message(op, "customer", rows, TYPES))}
+
+
+def _marks(spark, path: str) -> list[str | None]:  # type: ignore[no-untyped-def]
+    """The batch marker of each of the table's snapshots, oldest first."""
+    snapshots = spark.read.format("iceberg").load(f"{path}#snapshots").orderBy("committed_at")
+    return [row[0] for row in snapshots.select(F.col("summary")[f"{MARKER_PREFIX}app"]).collect()]
+
+
+def test_a_rerun_batch_commits_nothing_twice(spark, tmp_path: Path) -> None:
+    lake = str(tmp_path / "lake")
+    settings = PipelineSettings(lake=lake, app_id="app", default_format="canal-json", table_format="iceberg")
+    first = messages_frame(spark, [_canal("INSERT", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}])])
+    second = messages_frame(
+        spark, [_canal("UPDATE", [{"id": "2", "v": "c"}]), _canal("DELETE", [{"id": "1", "v": "a"}])]
+    )
+    second = second.withColumn("offset", F.col("offset") + 10)
+
+    Pipeline(spark, settings).process_batch(first, 0)
+    result = Pipeline(spark, settings).process_batch(second, 1)
+    path = next(iter(result.applied))
+    assert _marks(spark, path) == ["0", "1"]
+    # A restarted run (a new pipeline, nothing in memory) re-runs both batches: each MERGE finds its batch's marker
+    # in the table's snapshots and is skipped.
+    rerun = Pipeline(spark, settings)
+    rerun.process_batch(first, 0)
+    rerun.process_batch(second, 1)
+
+    assert _marks(spark, path) == ["0", "1"]
+    assert lake_reader(spark, "iceberg")(path) == [{"id": 2, "v": "c"}]
+    rerun.process_batch(
+        messages_frame(spark, [_canal("INSERT", [{"id": "3", "v": "d"}])]).withColumn("offset", F.lit(20)), 2
+    )
+    assert _marks(spark, path) == ["0", "1", "2"]
+    assert sorted(r["id"] for r in lake_reader(spark, "iceberg")(path)) == [2, 3]
+
+
+def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
+    # The DDL scenario of test_ddl (add, rename, drop and widen columns, a rejected narrowing, rename and drop table).
+    lake = run_scenario(spark, tmp_path, 4, table_format="iceberg")
+
+    read = lake_reader(spark, "iceberg")
+    assert sorted(read(f"{lake}/crm/client"), key=lambda r: r["id"]) == EXPECTED_CLIENT
+    assert read(f"{lake}/crm/customer") == []
+    schema = dict(spark.read.format("iceberg").load(f"{lake}/crm/client").dtypes)
+    assert schema["qty"] == "bigint"
+    assert "score" not in schema
+    assert "name" not in schema
+
+
+def test_iceberg_settings_are_checked(tmp_path: Path) -> None:
+    base: dict[str, Any] = {
+        "lake": str(tmp_path),
+        "format": "dataworks-json",
+        "kafka": {"bootstrap_servers": "localhost:9092", "topics": ["t"]},
+    }
+    assert parse_config({**base, "table_format": "iceberg"}).table_format == "iceberg"
+    with pytest.raises(ConfigError, match=r"'history'.*Fix: remove `history:`"):
+        parse_config({**base, "table_format": "iceberg", "history": {"changelog": True}})
+    with pytest.raises(ConfigError, match=r"'iceberg_catalog'.*Fix: remove it, or set `table_format: iceberg`"):
+        parse_config({**base, "iceberg_catalog": "glue"})
+    with pytest.raises(ConfigError, match=r"'table_format'"):
+        parse_config({**base, "table_format": "hudi"})
+
+
+def test_cli_replay_and_dead_letter_replay_into_iceberg_tables(spark, tmp_path: Path) -> None:
+    # inv.stock (key `code`, configured) gets a, b, c with a bigint qty; then the source column becomes text: the two
+    # updates do not fit and are dead letters. After the operator's fix (qty becomes a string column of the Iceberg
+    # table), `dlq replay --table-format iceberg` applies them, under the key columns the table was created with.
+    lake = str(tmp_path / "lake")
+    initial = tmp_path / "1.jsonl"
+    initial.write_text(
+        "\n".join(stock("INSERT", i, None, {"code": c, "qty": i}, "LONG") for i, c in [(1, "a"), (2, "b"), (3, "c")])
+        + "\n"
+    )
+    updates = tmp_path / "2.jsonl"
+    updates.write_text(
+        "\n".join(
+            stock("UPDATE_AFTER", seq, {"code": c, "qty": str(old)}, {"code": c, "qty": new}, "STRING")
+            for seq, c, old, new in [(4, "a", 1, "one dozen"), (5, "b", 2, "two dozen")]
+        )
+        + "\n"
+    )
+    runner = CliRunner()
+    for capture in (initial, updates):
+        args = ["replay", "--format", "dataworks-json", "--lake", lake, "--keys", "inv.stock=code"]
+        done = runner.invoke(app, [*args, "--table-format", "iceberg", str(capture)])
+        assert done.exit_code == 0, done.output
+    assert "2 dead letters" in done.stdout
+    read = lake_reader(spark, "iceberg")
+    assert sorted((r["code"], r["qty"]) for r in read(f"{lake}/inv/stock")) == [("a", 1), ("b", 2), ("c", 3)]
+
+    identifier = IcebergSink(spark, lake).identifier("inv", None, "stock")
+    table = spark.table(identifier)
+    table.withColumn("qty", table["qty"].cast("string")).writeTo(identifier).createOrReplace()
+    done = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--table-format", "iceberg"])
+
+    assert done.exit_code == 0, done.output
+    assert sorted((r["code"], r["qty"]) for r in read(f"{lake}/inv/stock")) == [
+        ("a", "one dozen"),
+        ("b", "two dozen"),
+        ("c", "3"),
+    ]
+    bad = runner.invoke(app, ["dlq", "replay", "--lake", lake, "--iceberg-catalog", "glue"])
+    assert isinstance(bad.exception, InputError)
+    assert "--iceberg-catalog is only used with --table-format iceberg" in str(bad.exception)
+
+
+def _debezium_insert(key: int, small: int | None) -> dict[str, Any]:
+    """A Debezium insert into shop.items (id int64, s int16), with schemas."""
+    fields = [{"field": "id", "type": "int64"}, {"field": "s", "type": "int16", "optional": True}]
+    image = {"type": "struct", "optional": True, "fields": fields}
+    envelope = {
+        "type": "struct",
+        "fields": [
+            {**image, "field": "before"},
+            {**image, "field": "after"},
+            {"field": "source", "type": "struct", "fields": []},
+            {"field": "op", "type": "string"},
+            {"field": "ts_ms", "type": "int64"},
+        ],
+    }
+    source = {"db": "shop", "table": "items", "ts_ms": 1709288131000, "lsn": key}
+    payload = {"before": None, "after": {"id": key, "s": small}, "source": source, "op": "c", "ts_ms": 1709288131000}
+    key_schema = {"type": "struct", "fields": [{"field": "id", "type": "int64"}]}
+    return {"key": {"schema": key_schema, "payload": {"id": key}}, "value": {"schema": envelope, "payload": payload}}
+
+
+def test_a_smallint_column_is_stored_as_int_without_a_rewrite_per_batch(spark, tmp_path: Path) -> None:
+    # Iceberg has no smallint: the column is an int. The batches' declared smallint is no type change, so the table
+    # is never rewritten for it (each batch would rewrite it again), not even while the column holds only NULLs.
+    lake = str(tmp_path / "lake")
+    settings = PipelineSettings(lake=lake, app_id="app", default_format="debezium-json", table_format="iceberg")
+    pipeline = Pipeline(spark, settings)
+    for batch, (key, small) in enumerate([(1, None), (2, None), (3, 7)]):
+        messages = messages_frame(spark, [_debezium_insert(key, small)]).withColumn("offset", F.lit(batch))
+        result = pipeline.process_batch(messages, batch)
+        assert result.dead_letters == 0
+
+    path = f"{lake}/shop/items"
+    assert dict(spark.read.format("iceberg").load(path).dtypes)["s"] == "int"
+    assert _marks(spark, path) == ["0", "1", "2"]  # one MERGE per batch, nothing else
+    assert sorted((r["id"], r["s"]) for r in lake_reader(spark, "iceberg")(path)) == [(1, None), (2, None), (3, 7)]
