@@ -214,3 +214,37 @@ def test_a_smallint_column_is_stored_as_int_without_a_rewrite_per_batch(spark, t
     assert dict(spark.read.format("iceberg").load(path).dtypes)["s"] == "int"
     assert _marks(spark, path) == ["0", "1", "2"]  # one MERGE per batch, nothing else
     assert sorted((r["id"], r["s"]) for r in lake_reader(spark, "iceberg")(path)) == [(1, None), (2, None), (3, 7)]
+
+
+def test_every_nth_merge_of_a_table_compacts_it(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One change per batch: each MERGE adds a data file and maybe position deletes; every 3rd MERGE (50 by
+    # default) rewrites the table's files with their deletes applied.
+    monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 3)
+    lake = str(tmp_path / "lake")
+    settings = PipelineSettings(lake=lake, app_id="app", default_format="canal-json", table_format="iceberg")
+    pipeline = Pipeline(spark, settings)
+    changes = [
+        _canal("INSERT", [{"id": "1", "v": "a"}]),
+        _canal("INSERT", [{"id": "2", "v": "b"}]),
+        _canal("UPDATE", [{"id": "1", "v": "c"}]),
+        _canal("DELETE", [{"id": "2", "v": "b"}]),
+        _canal("INSERT", [{"id": "3", "v": "d"}]),
+        _canal("UPDATE", [{"id": "3", "v": "e"}]),
+    ]
+    for batch, change in enumerate(changes):
+        pipeline.process_batch(messages_frame(spark, [change]).withColumn("offset", F.lit(batch)), batch)
+
+    path = f"{lake}/crm/customer"
+    snapshots = spark.read.format("iceberg").load(f"{path}#snapshots").orderBy("committed_at").collect()
+    assert [s["operation"] for s in snapshots].count("replace") == 2  # after the 3rd and the 6th MERGE
+    # The last compaction rewrote the 3 data files into one, applying the deletes, and removed the position delete
+    # files that only pointed at files now gone (Iceberg keeps the newest one, as new as the rewritten file).
+    last = snapshots[-1]["summary"]
+    assert (snapshots[-1]["operation"], last["deleted-data-files"], last["total-data-files"]) == ("replace", "3", "1")
+    assert int(last["removed-delete-files"]) >= 1
+    assert sorted((r["id"], r["v"]) for r in lake_reader(spark, "iceberg")(path)) == [(1, "c"), (3, "e")]
+
+
+def test_a_catalog_the_session_lacks_is_a_config_error(spark, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'iceberg_catalog'.*no catalog 'nowhere'.*Fix: configure it"):
+        IcebergSink(spark, str(tmp_path), "nowhere")

@@ -33,6 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake.apply import TablePlan
+from cdclake.exceptions import ConfigError
 from cdclake.sinks.delta import (
     METADATA_COLUMNS,
     POSITION_COLUMN,
@@ -92,9 +93,14 @@ class IcebergSink(DeltaSink):
             spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
             spark.conf.set(f"{prefix}.type", "hadoop")
             spark.conf.set(f"{prefix}.warehouse", self.lake)
-            self._own_catalog = True
-        else:
-            self._own_catalog = False
+        elif spark.conf.get(f"spark.sql.catalog.{catalog}", None) is None:
+            raise ConfigError(
+                "iceberg_catalog",
+                f"the Spark session has no catalog {catalog!r}",
+                f"configure it (spark.sql.catalog.{catalog}=org.apache.iceberg.spark.SparkCatalog and its settings, "
+                "e.g. under `spark:` or with spark-submit --conf), or leave iceberg_catalog out for a catalog at "
+                "the lake",
+            )
         self.catalog = catalog
         # (table path, marker app id) -> the newest batch id that the table's snapshots record for it.
         self._committed: dict[tuple[str, str], int | None] = {}
@@ -187,8 +193,7 @@ class IcebergSink(DeltaSink):
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
         if not self._user_table_exists(path):
-            if self._own_catalog:
-                self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema)}")
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema)}")
             columns = [*plan.columns, *METADATA_COLUMNS]
             properties = {
                 **TABLE_PROPERTIES,
@@ -363,10 +368,12 @@ class IcebergSink(DeltaSink):
 
     def compact(self, path: str) -> None:
         """Rewrites the table's small files and the files that have deletes (Iceberg's ``rewrite_data_files``)."""
-        name = ".".join(self._names(path))
+        # Qualified by the catalog: a name without one is first looked up as <catalog>.<table> (and logged as a
+        # missing catalog). The parts are safe names (letters, digits, _).
+        name = ".".join((self.catalog, *self._names(path)))
         self.spark.sql(
             f"CALL {quote(self.catalog)}.system.rewrite_data_files(table => {_sql_string(name)}, "
-            "options => map('min-input-files', '2', 'delete-file-threshold', '1'))"
+            "options => map('min-input-files', '2', 'delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
         ).collect()
 
     # Deletion vectors and key ranges are Delta's: a merge-on-read table needs neither.
