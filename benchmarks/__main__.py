@@ -192,6 +192,7 @@ def run_e2e(run: Run, spark: Any, bootstrap: str, work: Path, figures: StreamFig
     figures.generation_rate = workload.events_per_second_generated
     with PeakSampler() as sampler:
         result = e2e.measure(spark, bootstrap, workload, work / "e2e", mode.max_offsets_per_trigger, log=run.log)
+    iceberg = e2e.iceberg_run(spark, bootstrap, workload, work / "e2e", result, log=run.log)
     figures.rate = result.cdclake.rate
     run.targets.append(report.at_least("e2e_merge_vs_append", result.ratio, E2E_GOAL))
     peak = sampler.peak / GIB
@@ -211,8 +212,14 @@ def run_e2e(run: Run, spark: Any, bootstrap: str, work: Path, figures: StreamFig
                 f"{result.append.rate:,.0f} | {result.append.batches} |",
                 f"| cdclake MERGE | {result.cdclake.messages:,} | {result.cdclake.seconds:.1f} | "
                 f"{result.cdclake.rate:,.0f} | {result.cdclake.batches} |",
+                f"| cdclake MERGE into Iceberg tables (information, no target) | {iceberg.messages:,} | "
+                f"{iceberg.seconds:.1f} | {iceberg.rate:,.0f} | {iceberg.batches} |",
                 "",
-                f"cdclake / append = **{result.ratio:.2f}**; {result.cdclake.applied:,} folded row changes applied.",
+                f"cdclake / append = **{result.ratio:.2f}**; {result.cdclake.applied:,} folded row changes applied. "
+                f"The same run into Iceberg lake tables (`table_format: iceberg`, merge-on-read) took "
+                f"{iceberg.seconds:.1f} s ({iceberg.rate / result.append.rate:.2f} of the append); its MERGE step "
+                f"{iceberg.steps.get('merge', 0.0):.1f} s against Delta's "
+                f"{result.cdclake.steps.get('merge', 0.0):.1f} s.",
                 "",
                 "cdclake time per step, summed over batches (s): "
                 + ", ".join(f"{step} {seconds:.1f}" for step, seconds in steps)
@@ -234,6 +241,7 @@ def run_e2e(run: Run, spark: Any, bootstrap: str, work: Path, figures: StreamFig
                 plot.Bar(
                     "cdclake merge", [(result.cdclake.rate / 1000, "cdclake")], f"{result.cdclake.rate / 1000:.1f}K"
                 ),
+                plot.Bar("into iceberg", [(iceberg.rate / 1000, "cdclake")], f"{iceberg.rate / 1000:.1f}K"),
             ],
         )
     )

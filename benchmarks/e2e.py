@@ -5,6 +5,9 @@ Structured Streaming append of the same Kafka messages to one Delta table, same 
   ``writeStream.format("delta")`` append, ``availableNow``;
 * cdclake: ``cdclake.runner.run`` with a ``PipelineConfig`` (``available_now``), as ``cdclake run`` does.
 
+Then, for information (no target): the same cdclake run into Iceberg lake tables (``table_format: iceberg``,
+:func:`iceberg_run`), outside the memory sampling of the two timed runs.
+
 Both start from the earliest offset of the topic with their own fresh checkpoint; wall-clock time from query start to
 termination. Before the timed runs, both paths run once on a small warm-up topic (JIT, code generation, first Delta
 commits), so neither pays the cold start alone.
@@ -27,6 +30,7 @@ from cdclake.devtools import broker
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import BatchResult
 from cdclake.runner import run
+from cdclake.sinks import TableFormat
 
 TOPIC_PARTITIONS = 2
 """One partition per core: the Kafka source reads one task per partition."""
@@ -51,6 +55,8 @@ class EndToEndResult:
     cdclake: StreamRun
     max_offsets_per_trigger: int
     produce_seconds: float
+    topic: str
+    warm_topic: str
 
     @property
     def ratio(self) -> float:
@@ -97,6 +103,7 @@ def cdclake_run(
     workload: Workload,
     max_offsets: int,
     on_batch: Callable[[BatchResult], None] | None = None,
+    table_format: TableFormat = "delta",
 ) -> StreamRun:
     """The cdclake pipeline over the topic, until caught up."""
     shutil.rmtree(work / "cdclake", ignore_errors=True)
@@ -109,6 +116,7 @@ def cdclake_run(
         format_options={workload.spec.format: workload.format_options} if workload.format_options else {},
         keys=workload.keys,
         trigger=TriggerConfig(available_now=True),
+        table_format=table_format,
     )
     result = StreamRun(0.0, 0)
 
@@ -151,4 +159,27 @@ def measure(
 
     pipeline = cdclake_run(spark, bootstrap, topic, work, workload, max_offsets, on_batch=progress)
     log(f"e2e: cdclake {pipeline.messages:,} events in {pipeline.seconds:.1f} s = {pipeline.rate:,.0f} events/s")
-    return EndToEndResult(append, pipeline, max_offsets, produce_seconds)
+    return EndToEndResult(append, pipeline, max_offsets, produce_seconds, topic, warm_topic)
+
+
+def iceberg_run(
+    spark: SparkSession,
+    bootstrap: str,
+    workload: Workload,
+    work: Path,
+    measured: EndToEndResult,
+    log: Callable[[str], None] = print,
+) -> StreamRun:
+    """The cdclake run of :func:`measure` again, into Iceberg lake tables (after its own warm-up)."""
+    max_offsets = measured.max_offsets_per_trigger
+    cdclake_run(
+        spark, bootstrap, measured.warm_topic, work / "warm-iceberg", workload, max_offsets, table_format="iceberg"
+    )
+    result = cdclake_run(
+        spark, bootstrap, measured.topic, work / "iceberg", workload, max_offsets, table_format="iceberg"
+    )
+    log(
+        f"e2e: cdclake into Iceberg tables {result.messages:,} events in {result.seconds:.1f} s "
+        f"= {result.rate:,.0f} events/s"
+    )
+    return result
