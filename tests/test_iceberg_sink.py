@@ -18,6 +18,7 @@ from cdclake.cli.main import app
 from cdclake.config import parse_config
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.exceptions import ConfigError, InputError
+from cdclake.formats import get_format
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.runner import replay
 from cdclake.sinks.iceberg import MARKER_PREFIX, IcebergSink
@@ -37,7 +38,7 @@ SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=T
 TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 
-@pytest.mark.parametrize("format_name", ["dataworks-json", "qlik-json", "dts-shareplex-json"])
+@pytest.mark.parametrize("format_name", ["dataworks-json", "qlik-json", "dts-shareplex-json", "dts-avro"])
 def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
     spark, tmp_path: Path, format_name: str
 ) -> None:
@@ -45,8 +46,9 @@ def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
     # SharePlex's changed-only data) and malformed messages, in two batches.
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=11)
+    binary = get_format(format_name).encoding == "binary"
     capture = tmp_path / "capture.txt"
-    capture.write_text(to_lines(stream.messages, binary=False), encoding="utf-8")
+    capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
     lake = str(tmp_path / "lake")
     captured = sum(1 for m in stream.messages if m.value is not None)
 
@@ -55,6 +57,7 @@ def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
         lake=lake,
         format_name=format_name,
         paths=[str(capture)],
+        encoding="b64" if binary else "lines",
         keys=stream.keys,
         format_options=stream.format_options,
         batch_lines=captured // 2 + 1,
@@ -248,3 +251,26 @@ def test_every_nth_merge_of_a_table_compacts_it(spark, tmp_path: Path, monkeypat
 def test_a_catalog_the_session_lacks_is_a_config_error(spark, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'iceberg_catalog'.*no catalog 'nowhere'.*Fix: configure it"):
         IcebergSink(spark, str(tmp_path), "nowhere")
+
+
+def test_tables_go_to_a_catalog_of_the_session(spark, tmp_path: Path) -> None:
+    # A catalog the user configured (a Hadoop one here, elsewhere than the lake; REST, Glue or Hive the same way):
+    # the lake tables go there as <namespace>.<table>, and the bookkeeping stays at the lake.
+    warehouse = tmp_path / "warehouse"
+    spark.conf.set("spark.sql.catalog.userlake", "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set("spark.sql.catalog.userlake.type", "hadoop")
+    spark.conf.set("spark.sql.catalog.userlake.warehouse", str(warehouse))
+    lake = str(tmp_path / "lake")
+    settings = PipelineSettings(
+        lake=lake, app_id="app", default_format="canal-json", table_format="iceberg", iceberg_catalog="userlake"
+    )
+    result = Pipeline(spark, settings).process_batch(
+        messages_frame(spark, [_canal("INSERT", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}])]), 0
+    )
+
+    assert sorted((r["id"], r["v"]) for r in spark.table("userlake.crm.customer").collect()) == [(1, "a"), (2, "b")]
+    assert (warehouse / "crm" / "customer" / "metadata").is_dir()
+    assert not Path(lake, "crm").exists()
+    assert Path(lake, "_cdclake", "progress", "_delta_log").is_dir()
+    sink = IcebergSink(spark, lake, "userlake")
+    assert [sink.row_count(path) for path in result.applied] == [2]

@@ -32,6 +32,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdclake import model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError
 from cdclake.sinks.delta import (
@@ -65,6 +66,15 @@ _STORED_TYPES: Final = {"tinyint": "int", "smallint": "int"}
 
 Identity = tuple[str | None, str | None, str]
 """A source table: (database, schema, table)."""
+
+
+def _column_list(columns: Sequence[tuple[str, str]]) -> str:
+    """``name type, ...`` for SQL text: names quoted, and every type one of cdclake's Spark types (a type reaches
+    the statement as text, so nothing else may)."""
+    for name, spark_type in columns:
+        if not model.is_supported_spark_type(spark_type):
+            raise ValueError(f"column {name!r}: {spark_type!r} is not a Spark type cdclake writes")
+    return ", ".join(f"{quote(name)} {spark_type}" for name, spark_type in columns)
 
 
 def _marker_setting(txn: Txn) -> str:
@@ -200,9 +210,8 @@ class IcebergSink(DeltaSink):
                 "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
                 "cdclake.keyColumns": ",".join(plan.key_columns),
             }
-            # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here; types come from cdclake's
-            # own list of supported Spark types.
-            listed = ", ".join(f"{quote(name)} {spark_type}" for name, spark_type in columns)
+            # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here.
+            listed = _column_list(columns)
             props = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
             identifier = self._identifier_of(path)
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
@@ -231,8 +240,7 @@ class IcebergSink(DeltaSink):
         stored = {f.name.lower() for f in self.spark.table(self._identifier_of(path)).schema.fields}
         new = [(name, t) for name, t in columns if name.lower() not in stored]
         if new:
-            listed = ", ".join(f"{quote(name)} {t}" for name, t in new)
-            self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")
+            self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({_column_list(new)})")
         self._columns.pop(path, None)
 
     @staticmethod
