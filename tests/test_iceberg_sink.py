@@ -124,7 +124,7 @@ def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
     assert "name" not in schema
 
 
-def test_iceberg_settings_are_checked(tmp_path: Path) -> None:
+def test_iceberg_settings_are_checked(spark, tmp_path: Path) -> None:
     base: dict[str, Any] = {
         "lake": str(tmp_path),
         "format": "dataworks-json",
@@ -137,6 +137,10 @@ def test_iceberg_settings_are_checked(tmp_path: Path) -> None:
         parse_config({**base, "iceberg_catalog": "glue"})
     with pytest.raises(ConfigError, match=r"'table_format'"):
         parse_config({**base, "table_format": "hudi"})
+    # The library and `cdclake replay --changelog` meet the same rule when the pipeline starts.
+    settings = PipelineSettings(lake=str(tmp_path), app_id="app", table_format="iceberg", scd2=["crm.customer"])
+    with pytest.raises(ConfigError, match=r"'history'.*not kept for Iceberg"):
+        Pipeline(spark, settings)
 
 
 def test_cli_replay_and_dead_letter_replay_into_iceberg_tables(spark, tmp_path: Path) -> None:

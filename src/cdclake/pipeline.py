@@ -34,7 +34,12 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
-from cdclake.config import DEFAULT_TRANSACTION_MAX_OPEN_SECONDS, DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES
+from cdclake.config import (
+    DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
+    DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
+    ICEBERG_HISTORY_FIX,
+    ICEBERG_HISTORY_PROBLEM,
+)
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
 from cdclake.exceptions import ConfigError
 from cdclake.formats import decode_batch, get_format
@@ -242,11 +247,7 @@ class Pipeline:
         self.spark = spark
         self.settings = settings
         if settings.table_format == "iceberg" and (settings.changelog or settings.scd2):
-            raise ConfigError(
-                "history",
-                "history tables (changelog, scd2) are Delta tables and are not kept for Iceberg lake tables yet",
-                "remove `history:`, or use `table_format: delta`",
-            )
+            raise ConfigError("history", ICEBERG_HISTORY_PROBLEM, ICEBERG_HISTORY_FIX)
         self.sink = lake_sink(
             spark,
             settings.lake,
