@@ -18,13 +18,10 @@ from cdclake.cli.main import app
 from cdclake.config import parse_config
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.exceptions import ConfigError, InputError
-from cdclake.formats import get_format
 from cdclake.pipeline import Pipeline, PipelineSettings
-from cdclake.runner import replay
 from cdclake.sinks.iceberg import MARKER_PREFIX, IcebergSink
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-from cdclake.workload.renderers import to_lines
-from tests.e2e.helpers import lake_reader
+from tests.e2e.helpers import lake_reader, replay_in_two_batches
 from tests.formats.golden import messages_frame
 from tests.test_ddl import EXPECTED_CLIENT, row_message, run_scenario
 from tests.test_dlq import stock
@@ -46,23 +43,7 @@ def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
     # SharePlex's changed-only data) and malformed messages, in two batches.
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=11)
-    binary = get_format(format_name).encoding == "binary"
-    capture = tmp_path / "capture.txt"
-    capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
-    lake = str(tmp_path / "lake")
-    captured = sum(1 for m in stream.messages if m.value is not None)
-
-    results = replay(
-        spark,
-        lake=lake,
-        format_name=format_name,
-        paths=[str(capture)],
-        encoding="b64" if binary else "lines",
-        keys=stream.keys,
-        format_options=stream.format_options,
-        batch_lines=captured // 2 + 1,
-        table_format="iceberg",
-    )
+    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, table_format="iceberg")
 
     assert sum(r.dead_letters for r in results) == sum(1 for m in stream.messages if m.is_malformed)
     comparison = compare_lake(lake, stream.expected_truth(history), lake_reader(spark, "iceberg"))

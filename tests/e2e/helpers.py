@@ -12,7 +12,11 @@ from pyspark.sql import SparkSession
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
 from cdclake.devtools.verify import compare_lake, describe, read_table, user_rows
+from cdclake.formats import get_format
+from cdclake.pipeline import BatchResult
+from cdclake.runner import replay
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
+from cdclake.workload.renderers import RenderedStream, to_lines
 
 
 def workload(seed: int = 11, events: int = 300, **options: object) -> tuple[SourceHistory, list[Message]]:
@@ -49,6 +53,31 @@ def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[
         return user_rows(row.asDict() for row in spark.read.format("iceberg").load(path).collect())
 
     return read_iceberg
+
+
+def replay_in_two_batches(
+    spark: SparkSession, directory: Path, stream: RenderedStream, format_name: str, **settings: Any
+) -> tuple[str, list[BatchResult]]:
+    """Writes a rendered stream to a capture file in ``directory`` (base64 lines for a binary format) and replays
+    it into ``directory/lake`` in two batches with the stream's keys and format options (and ``settings``, extra
+    arguments of ``cdclake.runner.replay``); returns the lake and the batch results."""
+    binary = get_format(format_name).encoding == "binary"
+    capture = directory / "capture.txt"
+    capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
+    lake = str(directory / "lake")
+    captured = sum(1 for m in stream.messages if m.value is not None)
+    results = replay(
+        spark,
+        lake=lake,
+        format_name=format_name,
+        paths=[str(capture)],
+        encoding="b64" if binary else "lines",
+        keys=stream.keys,
+        format_options=stream.format_options,
+        batch_lines=captured // 2 + 1,
+        **settings,
+    )
+    return lake, results
 
 
 def assert_lake_equals_truth(lake: str, history: SourceHistory) -> None:

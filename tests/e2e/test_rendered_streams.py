@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from cdclake.devtools.verify import compare_lake, describe
-from cdclake.formats import get_format, list_formats
-from cdclake.runner import replay
+from cdclake.formats import list_formats
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
-from cdclake.workload.renderers import to_lines
+from tests.e2e.helpers import replay_in_two_batches
 
 pytestmark = pytest.mark.spark
 
@@ -41,22 +40,8 @@ def test_every_format_has_a_renderer() -> None:
 def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=5)
-    binary = get_format(format_name).encoding == "binary"
-    capture = tmp_path / "capture.txt"
-    capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
-    lake = str(tmp_path / "lake")
+    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name)
     captured = sum(1 for m in stream.messages if m.value is not None)
-
-    results = replay(
-        spark,
-        lake=lake,
-        format_name=format_name,
-        paths=[str(capture)],
-        encoding="b64" if binary else "lines",
-        keys=stream.keys,
-        format_options=stream.format_options,
-        batch_lines=captured // 2 + 1,
-    )
 
     assert len(results) == 2
     assert sum(r.messages for r in results) >= captured - SHAPE.malformed
