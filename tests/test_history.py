@@ -1,7 +1,9 @@
-"""History tables: the SCD2 versions and the changelog equal the source history, in any arrival order, exactly once.
+"""History tables: the SCD2 versions and the changelog equal the source history, in any arrival order, exactly once,
+in Delta lakes and in Iceberg lakes.
 
 The expected tables are computed here, independently of cdclake, from ``SourceHistory.changes`` (SCD2) and from the
-rendered messages (changelog).
+rendered messages (changelog). History tables are read by their path: Delta's, and for Iceberg with Iceberg's
+Hadoop-table reader (not through cdclake's catalog).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
 
 from cdclake import apply, model
 from cdclake.config import parse_config
 from cdclake.exceptions import ConfigError
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.runner import replay, settings_from_config
-from cdclake.sinks.delta import DeltaSink, Txn
+from cdclake.sinks import TableFormat, lake_sink
+from cdclake.sinks.delta import Txn
 from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
 from cdclake.workload import Message, SourceHistory
@@ -55,8 +59,25 @@ def _identity(spec: Any, image: dict[str, Any] | None, row_id: int | None) -> An
     return row_id
 
 
-def _spark_rows(spark, path: str) -> list[dict[str, Any]]:
-    return [row.asDict(recursive=True) for row in spark.read.format("delta").load(path).collect()]
+TABLE_FORMATS = ("delta", "iceberg")
+
+
+def history_table(
+    spark: SparkSession, lake: str, kind: str, database: str, table: str, table_format: str = "delta"
+) -> DataFrame | None:
+    """The ``kind`` ("changelog", "scd2") history table of a source table, or None when it has none. Where it is
+    stored is part of the contract (README: History tables)."""
+    if table_format == "delta":
+        path = f"{lake}/_cdclake/{kind}/{database}/{table}"
+        return spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
+    path = f"{lake}/{database}/_{kind}_{table}"
+    return spark.read.format("iceberg").load(path) if Path(path, "metadata").is_dir() else None
+
+
+def _spark_rows(spark, lake: str, kind: str, database: str, table: str, table_format: str) -> list[dict[str, Any]]:
+    frame = history_table(spark, lake, kind, database, table, table_format)
+    assert frame is not None, f"no {kind} table of {database}.{table}"
+    return [row.asDict(recursive=True) for row in frame.collect()]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -113,15 +134,16 @@ def expected_scd2(history: SourceHistory) -> dict[tuple[str, str], list[tuple[An
     return expected
 
 
-def actual_scd2(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+def actual_scd2(
+    spark, lake: str, history: SourceHistory, table_format: str = "delta"
+) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
     actual: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
     for spec in history.tables:
-        path = f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}"
-        if not DeltaTable.isDeltaTable(spark, path):  # table not selected for SCD2
+        if history_table(spark, lake, "scd2", spec.database, spec.table, table_format) is None:  # not selected
             continue
         names = spec.column_names()
         rows = []
-        for row in _spark_rows(spark, path):
+        for row in _spark_rows(spark, lake, "scd2", spec.database, spec.table, table_format):
             if row["_cdc_row_key"] is None:  # truncate markers, checked separately
                 continue
             key = tuple(row[k] for k in spec.primary_key) if spec.primary_key else row["_cdc_row_id"]
@@ -142,10 +164,12 @@ def actual_scd2(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str
     return actual
 
 
-def truncate_markers(spark, lake: str, history: SourceHistory) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
+def truncate_markers(
+    spark, lake: str, history: SourceHistory, table_format: str
+) -> dict[tuple[str, str], list[tuple[Any, ...]]]:
     markers = {}
     for spec in history.tables:
-        rows = _spark_rows(spark, f"{lake}/_cdclake/scd2/{spec.database}/{spec.table}")
+        rows = _spark_rows(spark, lake, "scd2", spec.database, spec.table, table_format)
         markers[spec.ident] = sorted(
             (r["_cdc_valid_from"], r["_cdc_valid_to"], r["_cdc_is_current"], r["_cdc_is_deleted"], r["_cdc_op"])
             for r in rows
@@ -154,8 +178,8 @@ def truncate_markers(spark, lake: str, history: SourceHistory) -> dict[tuple[str
     return markers
 
 
-def assert_scd2_equals_history(spark, lake: str, history: SourceHistory) -> None:
-    expected, actual = expected_scd2(history), actual_scd2(spark, lake, history)
+def assert_scd2_equals_history(spark, lake: str, history: SourceHistory, table_format: str = "delta") -> None:
+    expected, actual = expected_scd2(history), actual_scd2(spark, lake, history, table_format)
     for ident in expected:
         missing = [row for row in expected[ident] if row not in actual[ident]]
         unexpected = [row for row in actual[ident] if row not in expected[ident]]
@@ -166,7 +190,9 @@ def assert_scd2_equals_history(spark, lake: str, history: SourceHistory) -> None
         if change.op == TRUNCATE:
             order = _order(change.sequence)
             truncates[change.table.ident].append((order, order, False, True, TRUNCATE))
-    assert truncate_markers(spark, lake, history) == {spec.ident: truncates[spec.ident] for spec in history.tables}
+    assert truncate_markers(spark, lake, history, table_format) == {
+        spec.ident: truncates[spec.ident] for spec in history.tables
+    }
     # The live rows of the history are the source's final rows.
     truth = history.truth()
     for spec in history.tables:
@@ -198,13 +224,15 @@ def expected_changelog(messages: list[Message]) -> Counter[tuple[str, str, str, 
     return expected
 
 
-def assert_changelog_equals_events(spark, lake: str, history: SourceHistory, messages: list[Message]) -> None:
+def assert_changelog_equals_events(
+    spark, lake: str, history: SourceHistory, messages: list[Message], table_format: str = "delta"
+) -> None:
     by_sequence = {change.sequence: change for change in history.changes}
     logged: Counter[tuple[str, str, str, str]] = Counter()
     canonical = {"INSERT": "INSERT", "UPDATE_BEFOR": "UPDATE", "UPDATE_AFTER": "UPDATE", "DELETE": "DELETE"}
     for spec in history.tables:
         names = spec.column_names()
-        for row in _spark_rows(spark, f"{lake}/_cdclake/changelog/{spec.database}/{spec.table}"):
+        for row in _spark_rows(spark, lake, "changelog", spec.database, spec.table, table_format):
             vendor_op, order = row["_cdc_vendor_op"], row["_cdc_position"]
             logged[(spec.database, spec.table, vendor_op, order)] += 1
             change = by_sequence[int(order[:-2])]
@@ -244,7 +272,10 @@ def _split_after_first_half(messages: list[Message], start: int | None = None) -
 
 
 @pytest.mark.spark
-def test_scd2_and_changelog_equal_the_source_history_across_batches(spark, lake, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_scd2_and_changelog_equal_the_source_history_across_batches(
+    spark, lake, tmp_path: Path, table_format: str
+) -> None:
     """Two batches with failover re-sends (duplicates), deletes and re-inserts, a truncate, an added column,
     malformed messages, and a split update whose halves land in different batches."""
     history, messages = workload(seed=21, events=90, update_mode="mixed")
@@ -260,15 +291,17 @@ def test_scd2_and_changelog_equal_the_source_history_across_batches(spark, lake,
         paths=[str(first), str(second)],
         changelog=True,
         scd2=True,
+        table_format=table_format,
     )
     assert len(results) == 2
     assert all("history" in result.seconds for result in results)
-    assert_scd2_equals_history(spark, lake, history)
-    assert_changelog_equals_events(spark, lake, history, messages)
+    assert_scd2_equals_history(spark, lake, history, table_format)
+    assert_changelog_equals_events(spark, lake, history, messages, table_format)
 
 
 @pytest.mark.spark
-def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path, table_format: str) -> None:
     """The stream in three parts, applied newest, middle (with the truncate), oldest: older changes land before the
     versions already stored (inserts before deletes, updates inside closed versions), the late truncate closes
     versions before stored newer ones, the oldest changes are closed by the stored truncate, and first halves of
@@ -282,18 +315,40 @@ def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path
     middle = write_lines(tmp_path / "middle.jsonl", messages[first_cut:second_cut])
     oldest = write_lines(tmp_path / "oldest.jsonl", messages[:first_cut])
     paths = [str(newest), str(middle), str(oldest)]
-    results = replay(spark, lake=lake, format_name="dataworks-json", paths=paths, changelog=True, scd2=True)
+    results = replay(
+        spark,
+        lake=lake,
+        format_name="dataworks-json",
+        paths=paths,
+        changelog=True,
+        scd2=True,
+        table_format=table_format,
+    )
     assert len(results) == 3
-    assert_scd2_equals_history(spark, lake, history)
-    assert_changelog_equals_events(spark, lake, history, messages)
+    assert_scd2_equals_history(spark, lake, history, table_format)
+    assert_changelog_equals_events(spark, lake, history, messages, table_format)
+
+
+def _commits(spark, lake: str, kind: str, database: str, table: str, table_format: str) -> int:
+    """How many commits the history table has had (Delta versions, Iceberg snapshots)."""
+    if table_format == "delta":
+        path = f"{lake}/_cdclake/{kind}/{database}/{table}"
+        return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"]) + 1
+    return spark.read.format("iceberg").load(f"{lake}/{database}/_{kind}_{table}#snapshots").count()
 
 
 @pytest.mark.spark
-def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path, table_format: str) -> None:
     history, messages = workload(seed=23, events=60, failover_resends=0, malformed=0)
     path = write_lines(tmp_path / "dw.jsonl", messages)
     settings = PipelineSettings(
-        lake=lake, app_id="history-test", default_format="dataworks-json", changelog=True, scd2=["crm.customer"]
+        lake=lake,
+        app_id="history-test",
+        default_format="dataworks-json",
+        changelog=True,
+        scd2=["crm.customer"],
+        table_format=table_format,
     )
     pipeline = Pipeline(spark, settings)
     capture = files.read_file(spark, path, 0, "lines")
@@ -301,24 +356,26 @@ def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path) -> None:
     pipeline.process_batch(capture.lines(0, half), 0)
     pipeline.process_batch(capture.lines(half, capture.count), 1)
 
-    changelogs = [f"{lake}/_cdclake/changelog/{spec.database}/{spec.table}" for spec in history.tables]
-    scd2 = f"{lake}/_cdclake/scd2/crm/customer"
-    assert not DeltaTable.isDeltaTable(spark, f"{lake}/_cdclake/scd2/shop/orders")  # not selected
+    tables = [("changelog", spec.database, spec.table) for spec in history.tables] + [("scd2", "crm", "customer")]
+    assert history_table(spark, lake, "scd2", "shop", "orders", table_format) is None  # not selected
 
     def snapshot() -> tuple[list[list[str]], list[int]]:
-        rows = [sorted(map(repr, _spark_rows(spark, path))) for path in [*changelogs, scd2]]
-        versions = [DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] for path in [*changelogs, scd2]]
-        return rows, versions
+        rows = [sorted(map(repr, _spark_rows(spark, lake, *table, table_format))) for table in tables]
+        return rows, [_commits(spark, lake, *table, table_format) for table in tables]
 
     rows, versions = snapshot()
-    pipeline.process_batch(capture.lines(half, capture.count), 1)  # the same batch again: Delta skips the commits
+    # The same batch again, by the same pipeline and by a new one (nothing in memory): the batch's commits are found
+    # and skipped.
+    pipeline.process_batch(capture.lines(half, capture.count), 1)
+    assert snapshot() == (rows, versions)
+    Pipeline(spark, settings).process_batch(capture.lines(half, capture.count), 1)
     assert snapshot() == (rows, versions)
     # Without the idempotent-writer marker, everything again in one batch: the history tables still add nothing.
     again = Pipeline(spark, replace(settings, app_id="history-test-again"))
     again.process_batch(capture.lines(0, capture.count), 0, txn=False)
     assert snapshot()[0] == rows
-    assert_changelog_equals_events(spark, lake, history, messages)
-    customer = list(actual_scd2(spark, lake, history)[("crm", "customer")])
+    assert_changelog_equals_events(spark, lake, history, messages, table_format)
+    customer = list(actual_scd2(spark, lake, history, table_format)[("crm", "customer")])
     assert customer == expected_scd2(history)[("crm", "customer")]
 
 
@@ -339,7 +396,8 @@ def _ogg(op: str, pos: int, before: dict[str, Any] | None = None, after: dict[st
 
 
 @pytest.mark.spark
-def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path) -> None:
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path, table_format: str) -> None:
     """OGG compressed updates carry the key and the changed columns only; a key-only delete shows the row it ends."""
     first = tmp_path / "first.jsonl"
     first.write_text(
@@ -362,9 +420,17 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
         + "\n"
     )
     replay(
-        spark, lake=lake, format_name="ogg-json", paths=[str(first), str(second)], changelog=True, scd2=["SALES.ORDERS"]
+        spark,
+        lake=lake,
+        format_name="ogg-json",
+        paths=[str(first), str(second)],
+        changelog=True,
+        scd2=["SALES.ORDERS"],
+        table_format=table_format,
     )
-    rows = spark.read.format("delta").load(f"{lake}/_cdclake/scd2/SALES/ORDERS").orderBy("_cdc_valid_from").collect()
+    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS", table_format)
+    assert scd2 is not None
+    rows = scd2.orderBy("_cdc_valid_from").collect()
     versions = [
         (
             r["ORDER_ID"],
@@ -387,7 +453,8 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
         (1, "B", 1.0, "x", 900, 950, False, False, "UPSERT"),
         (1, "C", 1.0, "x", 950, None, True, False, "UPSERT"),
     ]
-    changelog = spark.read.format("delta").load(f"{lake}/_cdclake/changelog/SALES/ORDERS")
+    changelog = history_table(spark, lake, "changelog", "SALES", "ORDERS", table_format)
+    assert changelog is not None
     logged = [
         (int(r["_cdc_position"][:-2]), r["_cdc_op"], r["_cdc_after_is_partial"], r["_cdc_after_columns"], r["AMOUNT"])
         for r in changelog.orderBy("_cdc_position").collect()
@@ -467,11 +534,12 @@ def _event(op: str, position: int, columns: dict[str, str], before=None, after=N
 
 
 @pytest.mark.spark
-def test_history_columns_follow_the_lake_tables_type_changes(spark, lake) -> None:
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_history_columns_follow_the_lake_tables_type_changes(spark, lake, table_format: TableFormat) -> None:
     """The lake table widens x (int -> bigint) and retypes y (string -> bigint, after its values were deleted from
     the lake table): x is widened in the history tables; y keeps its type there, as its stored text would not
     convert, and a new value is stored as text."""
-    sink = HistorySink(DeltaSink(spark, lake))
+    sink = HistorySink(lake_sink(spark, lake, table_format))
 
     def record(batch_id: int, types: dict[str, str], events: list[dict[str, Any]]) -> None:
         frame = spark.createDataFrame(events, model.CANONICAL_SCHEMA)
@@ -485,14 +553,16 @@ def test_history_columns_follow_the_lake_tables_type_changes(spark, lake) -> Non
     before = {"id": "1", "x": "7", "y": None}
     record(1, new, [_event("UPDATE", 2, new, before=before, after={"id": "1", "x": "5000000000", "y": "42"})])
 
-    scd2 = spark.read.format("delta").load(f"{lake}/_cdclake/scd2/d/t")
+    scd2 = history_table(spark, lake, "scd2", "d", "t", table_format)
+    assert scd2 is not None
     assert dict(scd2.dtypes)["x"] == "bigint"
     assert dict(scd2.dtypes)["y"] == "string"
     assert [(r["x"], r["y"], r["_cdc_is_current"]) for r in scd2.orderBy("_cdc_valid_from").collect()] == [
         (7, "abc", False),
         (5000000000, "42", True),
     ]
-    changelog = spark.read.format("delta").load(f"{lake}/_cdclake/changelog/d/t")
+    changelog = history_table(spark, lake, "changelog", "d", "t", table_format)
+    assert changelog is not None
     # The before images held no value of y yet: that field follows the lake table.
     assert dict(changelog.dtypes)["_cdc_before"] == "struct<id:bigint,x:bigint,y:bigint>"
     logged = changelog.orderBy("_cdc_position").collect()

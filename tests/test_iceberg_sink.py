@@ -105,23 +105,18 @@ def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
     assert "name" not in schema
 
 
-def test_iceberg_settings_are_checked(spark, tmp_path: Path) -> None:
+def test_iceberg_settings_are_checked(tmp_path: Path) -> None:
     base: dict[str, Any] = {
         "lake": str(tmp_path),
         "format": "dataworks-json",
         "kafka": {"bootstrap_servers": "localhost:9092", "topics": ["t"]},
     }
     assert parse_config({**base, "table_format": "iceberg"}).table_format == "iceberg"
-    with pytest.raises(ConfigError, match=r"'history'.*Fix: remove `history:`"):
-        parse_config({**base, "table_format": "iceberg", "history": {"changelog": True}})
+    assert parse_config({**base, "table_format": "iceberg", "history": {"changelog": True}}).history.changelog
     with pytest.raises(ConfigError, match=r"'iceberg_catalog'.*Fix: remove it, or set `table_format: iceberg`"):
         parse_config({**base, "iceberg_catalog": "glue"})
     with pytest.raises(ConfigError, match=r"'table_format'"):
         parse_config({**base, "table_format": "hudi"})
-    # The library and `cdclake replay --changelog` meet the same rule when the pipeline starts.
-    settings = PipelineSettings(lake=str(tmp_path), app_id="app", table_format="iceberg", scd2=["crm.customer"])
-    with pytest.raises(ConfigError, match=r"'history'.*not kept for Iceberg"):
-        Pipeline(spark, settings)
 
 
 def test_cli_replay_and_dead_letter_replay_into_iceberg_tables(spark, tmp_path: Path) -> None:
@@ -240,14 +235,21 @@ def test_a_catalog_the_session_lacks_is_a_config_error(spark, tmp_path: Path) ->
 
 def test_tables_go_to_a_catalog_of_the_session(spark, tmp_path: Path) -> None:
     # A catalog the user configured (a Hadoop one here, elsewhere than the lake; REST, Glue or Hive the same way):
-    # the lake tables go there as <namespace>.<table>, and the bookkeeping stays at the lake.
+    # the lake tables go there as <namespace>.<table>, their history tables beside them, and the bookkeeping stays at
+    # the lake.
     warehouse = tmp_path / "warehouse"
     spark.conf.set("spark.sql.catalog.userlake", "org.apache.iceberg.spark.SparkCatalog")
     spark.conf.set("spark.sql.catalog.userlake.type", "hadoop")
     spark.conf.set("spark.sql.catalog.userlake.warehouse", str(warehouse))
     lake = str(tmp_path / "lake")
     settings = PipelineSettings(
-        lake=lake, app_id="app", default_format="canal-json", table_format="iceberg", iceberg_catalog="userlake"
+        lake=lake,
+        app_id="app",
+        default_format="canal-json",
+        table_format="iceberg",
+        iceberg_catalog="userlake",
+        changelog=True,
+        scd2=True,
     )
     result = Pipeline(spark, settings).process_batch(
         messages_frame(spark, [_canal("INSERT", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}])]), 0
@@ -255,6 +257,10 @@ def test_tables_go_to_a_catalog_of_the_session(spark, tmp_path: Path) -> None:
 
     assert sorted((r["id"], r["v"]) for r in spark.table("userlake.crm.customer").collect()) == [(1, "a"), (2, "b")]
     assert (warehouse / "crm" / "customer" / "metadata").is_dir()
+    changelog = spark.table("userlake.crm._changelog_customer").select("id", "_cdc_op", "_cdc_batch_id")
+    assert sorted(changelog.collect()) == [(1, "INSERT", 0), (2, "INSERT", 0)]
+    current = spark.table("userlake.crm._scd2_customer").where("_cdc_is_current AND NOT _cdc_is_deleted")
+    assert sorted((r["id"], r["v"]) for r in current.collect()) == [(1, "a"), (2, "b")]
     assert not Path(lake, "crm").exists()
     assert Path(lake, "_cdclake", "progress", "_delta_log").is_dir()
     sink = IcebergSink(spark, lake, "userlake")

@@ -44,8 +44,6 @@ from cdclake.exceptions import ConfigError, UnknownFormatError
 
 SECRET_KEY = re.compile(r"password|secret|jaas|token|credential|(^|\.)key($|\.)|keystore|truststore", re.IGNORECASE)
 
-ICEBERG_HISTORY_PROBLEM = "history tables (changelog, scd2) are not kept for Iceberg lake tables yet"
-ICEBERG_HISTORY_FIX = "remove `history:`, or use `table_format: delta`"
 
 FIXES: dict[str, str] = {
     "lake": "set `lake:` to the directory (or URI) of the lake, e.g. `lake: /data/lake`",
@@ -219,12 +217,8 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _iceberg_settings(self) -> PipelineConfig:
-        if self.table_format != "iceberg":
-            if self.iceberg_catalog is not None:
-                raise ValueError("iceberg_catalog is only used with `table_format: iceberg`")
-            return self
-        if self.history.changelog or self.history.scd2:
-            raise ValueError(ICEBERG_HISTORY_PROBLEM)
+        if self.table_format != "iceberg" and self.iceberg_catalog is not None:
+            raise ValueError("iceberg_catalog is only used with `table_format: iceberg`")
         return self
 
     @property
@@ -241,7 +235,6 @@ def _fix_for(location: str) -> str:
 
 _CROSS_KEY_PROBLEMS: dict[str, tuple[str, str]] = {
     "iceberg_catalog is only used": ("iceberg_catalog", "remove it, or set `table_format: iceberg`"),
-    ICEBERG_HISTORY_PROBLEM: ("history", ICEBERG_HISTORY_FIX),
 }
 """Problems of a combination of keys (pydantic reports a model validator's error at the root): a phrase of the
 problem -> the key to name and its fix."""

@@ -37,11 +37,8 @@ from cdclake import apply, model
 from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
-    ICEBERG_HISTORY_FIX,
-    ICEBERG_HISTORY_PROBLEM,
 )
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
-from cdclake.exceptions import ConfigError
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -246,8 +243,6 @@ class Pipeline:
     def __init__(self, spark: SparkSession, settings: PipelineSettings) -> None:
         self.spark = spark
         self.settings = settings
-        if settings.table_format == "iceberg" and (settings.changelog or settings.scd2):
-            raise ConfigError("history", ICEBERG_HISTORY_PROBLEM, ICEBERG_HISTORY_FIX)
         self.sink = lake_sink(
             spark,
             settings.lake,

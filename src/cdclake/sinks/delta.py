@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar, get_args
 
 from delta.tables import DeltaTable, DeltaTableBuilder
@@ -87,7 +87,7 @@ def safe_name(name: str | None, default: str = "default") -> str:
     return f"{cleaned.strip('_')[:100] or 'x'}_{digest}"
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
     """A Spark SQL string literal (backslash escapes, Spark's default parser mode)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -226,19 +226,20 @@ def _key_ranges(source: DataFrame, keys: Sequence[tuple[str, int, str]]) -> list
 
 @dataclass(frozen=True)
 class MergeStatement:
-    """The parts of one table's MERGE of folded changes (:func:`merge_statement`), as Spark SQL text over the target
-    ``t`` and the source ``s``; shared by the Delta and Iceberg sinks."""
+    """The parts of one MERGE, as Spark SQL text over the target ``t`` and the source ``s``: the folded changes of a
+    lake table (:func:`merge_statement`) or a history table's rows (``cdclake.sinks.history``). Executed by the sink
+    that stores the table (:meth:`DeltaSink.merge_rows`), so the Delta and Iceberg sinks share it. A clause without
+    its condition (``None``) is left out, except the insert, which then inserts every unmatched row."""
 
     source: DataFrame
-    """Per change: ``_k`` (kind), ``_partial``, cdclake's columns, and per table column ``_c<i>`` (its typed value)
-    and ``_p<i>`` (whether the image has it)."""
     matched_on: str
-    delete_when: str
-    update_when: str
-    update_set: Mapping[str, str]
-    """Quoted target column -> its new value."""
-    insert_when: str
     insert_values: Mapping[str, str]
+    """Quoted target column -> its value."""
+    insert_when: str | None = None
+    delete_when: str | None = None
+    update_when: str | None = None
+    update_set: Mapping[str, str] = field(default_factory=dict)
+    """Quoted target column -> its new value."""
 
 
 def merge_statement(
@@ -280,14 +281,16 @@ def merge_statement(
     for meta, _ in METADATA_COLUMNS:
         update_set[meta] = f"s.{meta}"
         insert_values[meta] = f"s.{meta}"
+    # The source, per change: ``_k`` (kind), ``_partial``, cdclake's columns, and per table column ``_c<i>`` (its
+    # typed value) and ``_p<i>`` (whether the image has it).
     return MergeStatement(
         source=source,
         matched_on=" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on),
+        insert_values=insert_values,
+        insert_when=f"s._k = '{apply.UPSERT}'",
         delete_when=f"s._k = '{apply.DELETE}' AND {newer}",
         update_when=f"s._k = '{apply.UPSERT}' AND {newer}",
         update_set=update_set,
-        insert_when=f"s._k = '{apply.UPSERT}'",
-        insert_values=insert_values,
     )
 
 
@@ -433,7 +436,7 @@ class DeltaSink:
         integer column ``keep[0]`` equals ``keep[1]``; every row of ``rows`` must be in that partition and must not
         have that ``keep`` value. One commit, so readers see the old or the new rows, never a mix."""
         column, value = partition
-        condition = f"{quote(column)} = {_sql_string(value)}"
+        condition = f"{quote(column)} = {sql_string(value)}"
         if keep is not None:
             condition += f" AND {quote(keep[0])} <> {int(keep[1])}"
         writer = (
@@ -556,9 +559,9 @@ class DeltaSink:
     ) -> None:
         """Sets ``delta.dataSkippingStatsColumns`` for ``columns`` (see :func:`_stats_columns`) and, with
         ``record_keys``, the recorded key columns (``cdclake.keyColumns``)."""
-        properties = [f"'delta.dataSkippingStatsColumns' = {_sql_string(','.join(_stats_columns(columns, keys)))}"]
+        properties = [f"'delta.dataSkippingStatsColumns' = {sql_string(','.join(_stats_columns(columns, keys)))}"]
         if record_keys:
-            properties.insert(0, f"'cdclake.keyColumns' = {_sql_string(','.join(keys))}")
+            properties.insert(0, f"'cdclake.keyColumns' = {sql_string(','.join(keys))}")
         self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
 
     @staticmethod
@@ -678,16 +681,26 @@ class DeltaSink:
             ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
             for within in _key_ranges(statement.source, ranged):
                 condition = condition & within
-        (
+        self.merge_rows(path, statement, condition)
+        self.merged(path)
+
+    def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
+        """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given)."""
+        builder = (
             DeltaTable.forPath(self.spark, path)
             .alias("t")
-            .merge(statement.source.alias("s"), condition)
-            .whenMatchedDelete(condition=statement.delete_when)
-            .whenMatchedUpdate(condition=statement.update_when, set=dict(statement.update_set))
-            .whenNotMatchedInsert(condition=statement.insert_when, values=dict(statement.insert_values))
-            .execute()
+            .merge(statement.source.alias("s"), statement.matched_on if matched_on is None else matched_on)
         )
-        self.merged(path)
+        if statement.delete_when is not None:
+            builder = builder.whenMatchedDelete(condition=statement.delete_when)
+        if statement.update_when is not None:
+            builder = builder.whenMatchedUpdate(condition=statement.update_when, set=dict(statement.update_set))
+        values: dict[str, str | Column] = dict(statement.insert_values)
+        if statement.insert_when is None:
+            builder = builder.whenNotMatchedInsert(values=values)
+        else:
+            builder = builder.whenNotMatchedInsert(condition=statement.insert_when, values=values)
+        builder.execute()
 
     def key_ranges_pay(self, path: str) -> bool:
         """Whether a MERGE into the table at ``path`` gets the key-range conditions (:func:`_key_ranges`): when its
@@ -703,6 +716,48 @@ class DeltaSink:
         if size is None:
             size = self._table_sizes[path] = _table_bytes(DeltaTable.forPath(self.spark, path).toDF())
         return size >= self.KEY_RANGES_MIN_BYTES
+
+    # ---------------------------------------------------------------------------------------------------------
+    # History tables (cdclake.sinks.history): stored like this sink's lake tables, known by path
+
+    def history_path(self, kind: str, database: str | None, schema: str | None, table: str) -> str:
+        """``<lake>/_cdclake/<kind>/<database>/<table>``: beside the bookkeeping, where no source table can be."""
+        relative = self.table_path(database, schema, table).removeprefix(self.lake + "/")
+        return self.system_path(f"{kind}/{relative}")
+
+    def table_schema(self, path: str) -> StructType | None:
+        """The schema of the table at ``path``, or ``None`` if there is none."""
+        return DeltaTable.forPath(self.spark, path).toDF().schema if self._exists(path) else None
+
+    def read_path(self, path: str) -> DataFrame:
+        return self.spark.read.format("delta").load(path)
+
+    def create_history_table(
+        self, path: str, schema: StructType, properties: Mapping[str, str], statistics: Sequence[str]
+    ) -> None:
+        """Creates the table at ``path`` unless it exists; ``statistics``: the quoted columns to keep min/max
+        statistics for (the MERGE conditions and lookups)."""
+        builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
+        for name, value in properties.items():
+            builder = builder.property(name, value)
+        with_table_properties(
+            builder.property("delta.dataSkippingStatsColumns", ",".join(statistics)).property(
+                ENABLE_DELETION_VECTORS, self.deletion_vectors_at_creation
+            )
+        ).execute()
+
+    def add_history_columns(self, path: str, listed: str) -> None:
+        """``ALTER TABLE ... ADD COLUMNS (<listed>)`` on the table at ``path``; ``listed`` is built by the caller from
+        quoted names and cdclake's types, never taken from a message."""
+        try:
+            self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
+        except AnalysisException as exc:  # a concurrent run added them first
+            if "already exists" not in str(exc):
+                raise
+
+    def replace_rows(self, path: str, rows: DataFrame) -> None:
+        """Replaces the table at ``path`` with ``rows`` and their schema, keeping its properties: one commit."""
+        rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
     # ---------------------------------------------------------------------------------------------------------
     # Deletion vectors (the ``deletion_vectors`` mode), for the lake tables and the history tables

@@ -1,16 +1,18 @@
 """History tables, opt-in per source table: an append-only changelog of canonical row events, and an SCD type 2
-table holding every version of every row. Delta-specific: paths, identifiers and the batch's idempotent-writer
-marker come from :mod:`cdclake.sinks.delta`.
+table holding every version of every row. They are stored by the lake tables' sink, in the same table format: it
+names them, creates, reads, alters and MERGEs them (:meth:`~cdclake.sinks.delta.DeltaSink.merge_rows`), and marks
+their commits with the batch's :class:`~cdclake.sinks.delta.Txn`; this module only says what to write.
 
-Layout::
+Layout (Delta; :meth:`~cdclake.sinks.delta.DeltaSink.history_path`)::
 
     <lake>/_cdclake/changelog/<database>/<table>   one row per distinct source row event (and TRUNCATE)
     <lake>/_cdclake/scd2/<database>/<table>        one row per version of a row key
 
-Both live under ``_cdclake``: :func:`~cdclake.sinks.delta.safe_name` never yields a name starting with ``_``, so no
-source database or table can collide with them. Each table gets one commit per batch, marked with the batch's
-:class:`~cdclake.sinks.delta.Txn`; on top of that both are idempotent by content, so a batch re-run without the
-marker adds nothing either.
+With Iceberg lake tables they are tables ``_changelog_<table>`` and ``_scd2_<table>`` beside the lake table, in its
+namespace (:meth:`~cdclake.sinks.iceberg.IcebergSink.history_path`). Either way
+:func:`~cdclake.sinks.delta.safe_name` never yields a name starting with ``_``, so no source database or table can
+collide with them. Each table gets one commit per batch, marked with the batch's marker; on top of that both are
+idempotent by content, so a batch re-run without the marker adds nothing either.
 
 **Changelog.** The table's user columns hold the event's row image (the after image; the before image for events
 without one: DELETE and the first half of a split update), typed like the lake table, followed by the columns of
@@ -42,8 +44,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
-from delta.tables import DeltaTable
-from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype_string
@@ -52,17 +52,17 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.model import Op
 from cdclake.sinks.delta import (
-    ENABLE_DELETION_VECTORS,
     EVENT_TIME_COLUMN,
     OP_COLUMN,
     POSITION_COLUMN,
     DeltaSink,
+    MergeStatement,
     Txn,
     concurrently,
     in_turns,
     quote,
+    sql_string,
     turn_marker,
-    with_table_properties,
 )
 from cdclake.spark import local_frame
 
@@ -208,8 +208,7 @@ class HistorySink:
         return self.changelog_path(item.plan) if item.kind == "changelog" else self.scd2_path(item.plan)
 
     def _path(self, kind: str, plan: TablePlan) -> str:
-        relative = self.sink.table_path(plan.database, plan.schema, plan.table).removeprefix(self.sink.lake + "/")
-        return self.sink.system_path(f"{kind}/{relative}")
+        return self.sink.history_path(kind, plan.database, plan.schema, plan.table)
 
     # ---------------------------------------------------------------------------------------------------------
 
@@ -317,32 +316,28 @@ class HistorySink:
         cached = self._schemas.get(path)
         if cached is not None and not _missing(cached, wanted) and not self._to_retype(path, cached, wanted):
             return cached
-        if not DeltaTable.isDeltaTable(self.spark, path):
+        schema = self.sink.table_schema(path)
+        if schema is None:
             plan = item.plan
             types = {name.lower(): spark_type for name, spark_type in item.columns}
             # Delta keeps no min/max statistics for binary or boolean columns.
             keys = [k for k in plan.key_columns if types.get(k.lower()) not in (None, "binary", "boolean")]
-            with_table_properties(
-                DeltaTable.createIfNotExists(self.spark)
-                .location(path)
-                .addColumns(wanted)
-                .property("cdclake.source", ".".join(p for p in (plan.database, plan.schema, plan.table) if p))
-                .property("cdclake.keyColumns", ",".join(plan.key_columns))
-                # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
-                .property("delta.dataSkippingStatsColumns", ",".join([*map(quote, keys), *stats]))
-                .property(ENABLE_DELETION_VECTORS, self.sink.deletion_vectors_at_creation)
-            ).execute()
-        schema = DeltaTable.forPath(self.spark, path).toDF().schema
+            properties = {
+                "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
+                "cdclake.keyColumns": ",".join(plan.key_columns),
+            }
+            # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
+            self.sink.create_history_table(path, wanted, properties, [*map(quote, keys), *stats])
+            schema = self.sink.table_schema(path)
+            assert schema is not None
         missing = _missing(schema, wanted)
         if missing:
             # Names come from the lake table (validated by the decoder) and are quoted; nothing is taken from a message.
-            added = ", ".join(f"{name} {data_type.simpleString()}" for name, data_type in missing)
-            try:
-                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({added})")
-            except AnalysisException as exc:  # a concurrent run added them first
-                if "already exists" not in str(exc):
-                    raise
-            schema = DeltaTable.forPath(self.spark, path).toDF().schema
+            self.sink.add_history_columns(
+                path, ", ".join(f"{name} {data_type.simpleString()}" for name, data_type in missing)
+            )
+            schema = self.sink.table_schema(path)
+            assert schema is not None
         differing = self._to_retype(path, schema, wanted)
         if differing:
             schema = self._retype(path, schema, differing)
@@ -363,7 +358,7 @@ class HistorySink:
         would not all fit keeps its type, and incoming values that do not fit it are NULL in this table only (the
         lake table has them); a warning says so. Costs a full rewrite, as for the lake table; type changes are rare.
         """
-        table = self.spark.read.format("delta").load(path)
+        table = self.sink.read_path(path)
 
         def column(path_of: _ColumnPath) -> Column:
             top = F.col(quote(path_of[0]))
@@ -411,8 +406,10 @@ class HistorySink:
             else:
                 selected.append(top)
         log.info("%s: column types %s", path, {".".join(c): t.simpleString() for c, t in convertible.items()})
-        table.select(*selected).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
-        return DeltaTable.forPath(self.spark, path).toDF().schema
+        self.sink.replace_rows(path, table.select(*selected))
+        retyped = self.sink.table_schema(path)
+        assert retyped is not None
+        return retyped
 
     # ---------------------------------------------------------------------------------------------------------
     # Changelog
@@ -468,27 +465,23 @@ class HistorySink:
             .drop("_copy")
         )
 
-        def target(name: str) -> Column:
-            return F.col(f"t.{name}")
+        def same(name: str, operator: str = "=") -> str:
+            return f"t.{name} {operator} s.{alias[name]}"
 
-        def incoming(name: str) -> Column:
-            return F.col(f"s.{alias[name]}")
-
-        condition = (
-            (target(POSITION_COLUMN) == incoming(POSITION_COLUMN))
-            & (target(SUB_INDEX_COLUMN) == incoming(SUB_INDEX_COLUMN))
-            & target(KEY_COLUMN).eqNullSafe(incoming(KEY_COLUMN))
-            # Only rows at or after the batch's oldest event can match: lets Delta skip the older files.
-            & (target(POSITION_COLUMN) >= F.lit(oldest))
+        statement = MergeStatement(
+            source=source,
+            matched_on=" AND ".join(
+                (
+                    same(POSITION_COLUMN),
+                    same(SUB_INDEX_COLUMN),
+                    same(KEY_COLUMN, "<=>"),
+                    # Only rows at or after the batch's oldest event can match: lets the sink skip the older files.
+                    f"t.{POSITION_COLUMN} >= {sql_string(oldest)}",
+                )
+            ),
+            insert_values={quote(f.name): f"s.{alias[f.name]}" for f in schema.fields},
         )
-        insert: dict[str, str | Column] = {quote(f.name): incoming(f.name) for f in schema.fields}
-        (
-            DeltaTable.forPath(self.spark, path)
-            .alias("t")
-            .merge(source.alias("s"), condition)
-            .whenNotMatchedInsert(values=insert)
-            .execute()
-        )
+        self.sink.merge_rows(path, statement)
         self.sink.merged(path)
 
     @staticmethod
@@ -512,8 +505,7 @@ class HistorySink:
         user = [(f.name, f.dataType) for f in schema.fields if f.name not in {name for name, _ in SCD2_COLUMNS}]
         types = dict(columns)
         floor = _position_text(oldest)
-        target_table = DeltaTable.forPath(self.spark, path)
-        stored = target_table.toDF()
+        stored = self.sink.read_path(path)
         # Rows closed before the batch's oldest change cannot change: skip their files (statistics on valid_to).
         open_rows = stored.where(F.col(VALID_TO_COLUMN).isNull() | (F.col(VALID_TO_COLUMN) >= F.lit(floor)))
 
@@ -684,38 +676,37 @@ class HistorySink:
         )
         source = versions.unionByName(marker_rows)
 
-        condition = (
-            F.col(f"t.{ROW_KEY_COLUMN}").eqNullSafe(F.col("s._key"))
-            & (F.col(f"t.{VALID_FROM_COLUMN}") == F.col("s._valid_from"))
-            # Only rows still open at the batch's oldest change can match: lets Delta skip the older files.
-            & (F.col(f"t.{VALID_TO_COLUMN}").isNull() | (F.col(f"t.{VALID_TO_COLUMN}") >= F.lit(floor)))
-        )
-        closing: dict[str, str | Column] = {
-            VALID_TO_COLUMN: F.col("s._valid_to"),
-            VALID_TO_TIME_COLUMN: F.col("s._valid_to_time"),
-            IS_CURRENT_COLUMN: F.col("s._is_current"),
-        }
-        insert: dict[str, str | Column] = {quote(name): F.col(f"s._r{i}") for i, (name, _) in enumerate(user)}
+        insert = {quote(name): f"s._r{i}" for i, (name, _) in enumerate(user)}
         insert.update(
             {
-                ROW_KEY_COLUMN: F.col("s._key"),
-                VALID_FROM_COLUMN: F.col("s._valid_from"),
-                VALID_TO_COLUMN: F.col("s._valid_to"),
-                VALID_FROM_TIME_COLUMN: F.col("s._valid_from_time"),
-                VALID_TO_TIME_COLUMN: F.col("s._valid_to_time"),
-                IS_CURRENT_COLUMN: F.col("s._is_current"),
-                IS_DELETED_COLUMN: F.col("s._is_deleted"),
-                OP_COLUMN: F.col("s._kind"),
+                ROW_KEY_COLUMN: "s._key",
+                VALID_FROM_COLUMN: "s._valid_from",
+                VALID_TO_COLUMN: "s._valid_to",
+                VALID_FROM_TIME_COLUMN: "s._valid_from_time",
+                VALID_TO_TIME_COLUMN: "s._valid_to_time",
+                IS_CURRENT_COLUMN: "s._is_current",
+                IS_DELETED_COLUMN: "s._is_deleted",
+                OP_COLUMN: "s._kind",
             }
         )
-        (
-            target_table.alias("t")
-            .merge(source.alias("s"), condition)
-            .whenMatchedDelete(condition=F.col("s._action") == "D")
-            .whenMatchedUpdate(condition=F.col("s._action") == "U", set=closing)
-            .whenNotMatchedInsert(condition=F.col("s._action") == "I", values=insert)
-            .execute()
+        statement = MergeStatement(
+            source=source,
+            matched_on=(
+                f"t.{ROW_KEY_COLUMN} <=> s._key AND t.{VALID_FROM_COLUMN} = s._valid_from"
+                # Only rows still open at the batch's oldest change can match: lets the sink skip the older files.
+                f" AND (t.{VALID_TO_COLUMN} IS NULL OR t.{VALID_TO_COLUMN} >= {sql_string(floor)})"
+            ),
+            insert_values=insert,
+            insert_when="s._action = 'I'",
+            delete_when="s._action = 'D'",
+            update_when="s._action = 'U'",
+            update_set={
+                VALID_TO_COLUMN: "s._valid_to",
+                VALID_TO_TIME_COLUMN: "s._valid_to_time",
+                IS_CURRENT_COLUMN: "s._is_current",
+            },
         )
+        self.sink.merge_rows(path, statement)
         self.sink.merged(path)
 
 

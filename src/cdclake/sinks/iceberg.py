@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Final
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from cdclake import model
 from cdclake.apply import TablePlan
@@ -39,11 +41,12 @@ from cdclake.sinks.delta import (
     METADATA_COLUMNS,
     POSITION_COLUMN,
     DeltaSink,
+    MergeStatement,
     Txn,
-    _sql_string,
     merge_statement,
     quote,
     safe_name,
+    sql_string,
 )
 
 MARKER_PREFIX: Final = "cdclake.txn."
@@ -212,7 +215,7 @@ class IcebergSink(DeltaSink):
             }
             # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here.
             listed = _column_list(columns)
-            props = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
+            props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
             identifier = self._identifier_of(path)
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
         self._columns.pop(path, None)
@@ -281,24 +284,30 @@ class IcebergSink(DeltaSink):
         path = self.table_path(database, schema, table)
         if self._done(path, txn):
             return
-        identifier = self._identifier_of(path)
+        keys = None
+        if key_columns is not None:
+            names = {name.lower() for name, _ in columns}
+            keys = ",".join(k for k in key_columns if k.lower() in names)
+        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
+        with self._commit(path, txn):
+            self._replace(path, self.read_path(path).select(*selected), keys)
+        self._columns.pop(path, None)
+
+    def _replace(self, path: str, rows: DataFrame, key_columns: str | None = None) -> None:
+        """Replaces the table at ``path`` with ``rows`` (their schema), keeping its properties (``cdclake.keyColumns``
+        set to ``key_columns`` if given): one snapshot. ``rows`` may read the table itself: Iceberg reads the snapshot
+        that is current when the write plans, and the replace's commit does not change it."""
         properties = {
             k: v
             for k, v in self._properties_of(path).items()
             if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
         }
         if key_columns is not None:
-            names = {name.lower() for name, _ in columns}
-            properties["cdclake.keyColumns"] = ",".join(k for k in key_columns if k.lower() in names)
-        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
-        # Iceberg reads the snapshot that is current when the write plans: the replace's commit does not change it.
-        rows = self.spark.table(identifier).select(*selected)
-        writer = rows.writeTo(identifier).using("iceberg")
+            properties["cdclake.keyColumns"] = key_columns
+        writer = rows.writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
-        with self._commit(path, txn):
-            writer.createOrReplace()
-        self._columns.pop(path, None)
+        writer.createOrReplace()
 
     def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
@@ -325,36 +334,47 @@ class IcebergSink(DeltaSink):
             return
         with self._commit(path, marker):
             self.spark.sql(
-                f"DELETE FROM {self._identifier_of(path)} WHERE {POSITION_COLUMN} < {_sql_string(plan.truncate_order)}"
+                f"DELETE FROM {self._identifier_of(path)} WHERE {POSITION_COLUMN} < {sql_string(plan.truncate_order)}"
             )
 
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One ``MERGE INTO`` of the folded, gated changes of one table (see DeltaSink.merge); inside
         :meth:`idempotent`, skipped when the table already has the batch's commit."""
         path = self.table_path(plan.database, plan.schema, plan.table)
+        self.merge_rows(path, merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path))
+        self.merged(path)
+
+    def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
+        """Executes ``statement`` as a ``MERGE INTO`` of the table at ``path``, one commit marked with the enclosing
+        :meth:`idempotent` block's marker; skipped when the table already has that commit. ``matched_on`` is not
+        supported (SQL text only)."""
+        if matched_on is not None:
+            raise ValueError("IcebergSink.merge_rows takes the statement's own condition only")
         marker = self._marker
         if self._done(path, marker):
             return
-        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
         # A view per MERGE (the batch's MERGEs run concurrently), in this sink's session: its settings hold the
         # batch's marker, and a streaming batch's frames belong to the query's own copy of the session.
         view = f"cdclake_merge_source_{uuid.uuid4().hex}"
         self._in_own_session(statement.source).createOrReplaceTempView(view)
-        update = ", ".join(f"{column} = {value}" for column, value in statement.update_set.items())
+        clauses = []
+        if statement.delete_when is not None:
+            clauses.append(f"WHEN MATCHED AND {statement.delete_when} THEN DELETE")
+        if statement.update_when is not None:
+            update = ", ".join(f"{column} = {value}" for column, value in statement.update_set.items())
+            clauses.append(f"WHEN MATCHED AND {statement.update_when} THEN UPDATE SET {update}")
+        insert_when = "" if statement.insert_when is None else f" AND {statement.insert_when}"
         insert_columns = ", ".join(statement.insert_values)
         insert_values = ", ".join(statement.insert_values.values())
+        clauses.append(f"WHEN NOT MATCHED{insert_when} THEN INSERT ({insert_columns}) VALUES ({insert_values})")
         try:
             with self._commit(path, marker):
                 self.spark.sql(
                     f"MERGE INTO {self._identifier_of(path)} t USING {view} s ON {statement.matched_on} "
-                    f"WHEN MATCHED AND {statement.delete_when} THEN DELETE "
-                    f"WHEN MATCHED AND {statement.update_when} THEN UPDATE SET {update} "
-                    f"WHEN NOT MATCHED AND {statement.insert_when} "
-                    f"THEN INSERT ({insert_columns}) VALUES ({insert_values})"
+                    + " ".join(clauses)
                 )
         finally:
             self.spark.catalog.dropTempView(view)
-        self.merged(path)
 
     def _in_own_session(self, frame: DataFrame) -> DataFrame:
         """``frame`` as a frame of this sink's session (the same plan)."""
@@ -380,7 +400,7 @@ class IcebergSink(DeltaSink):
         # missing catalog). The parts are safe names (letters, digits, _).
         name = ".".join((self.catalog, *self._names(path)))
         self.spark.sql(
-            f"CALL {quote(self.catalog)}.system.rewrite_data_files(table => {_sql_string(name)}, "
+            f"CALL {quote(self.catalog)}.system.rewrite_data_files(table => {sql_string(name)}, "
             "options => map('min-input-files', '2', 'delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
         ).collect()
 
@@ -391,6 +411,45 @@ class IcebergSink(DeltaSink):
     def key_ranges_pay(self, path: str) -> bool:
         del path
         return False
+
+    # ---------------------------------------------------------------------------------------------------------
+    # History tables (cdclake.sinks.history)
+
+    def history_path(self, kind: str, database: str | None, schema: str | None, table: str) -> str:
+        """``<lake>/<namespace>/_<kind>_<table>``: table ``_<kind>_<table>`` beside the lake table, in its namespace.
+        One level of namespace, as every catalog has (Glue and Hive have no nested ones); no source table's name
+        starts with ``_`` (:func:`~cdclake.sinks.delta.safe_name`)."""
+        return f"{self.lake}/{safe_name(database or schema)}/_{kind}_{safe_name(table)}"
+
+    def table_schema(self, path: str) -> StructType | None:
+        return self.spark.table(self._identifier_of(path)).schema if self._user_table_exists(path) else None
+
+    def read_path(self, path: str) -> DataFrame:
+        return self.spark.table(self._identifier_of(path))
+
+    def create_history_table(
+        self, path: str, schema: StructType, properties: Mapping[str, str], statistics: Sequence[str]
+    ) -> None:
+        """Creates the table at ``path`` unless it exists (``statistics`` is Delta's: Iceberg keeps column metrics
+        without being told)."""
+        del statistics
+        namespace, _ = self._names(path)
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(namespace)}")
+        # The columns go as a schema, not as SQL text: struct field names are not quoted in a type's text.
+        writer = self.spark.createDataFrame([], schema).writeTo(self._identifier_of(path)).using("iceberg")
+        for name, value in {**TABLE_PROPERTIES, **properties}.items():
+            writer = writer.tableProperty(name, value)
+        try:
+            writer.create()
+        except AnalysisException as exc:  # a concurrent run created it first
+            if "already exists" not in str(exc).lower():
+                raise
+
+    def add_history_columns(self, path: str, listed: str) -> None:
+        self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")
+
+    def replace_rows(self, path: str, rows: DataFrame) -> None:
+        self._replace(path, rows)
 
     # ---------------------------------------------------------------------------------------------------------
     # Reading back
