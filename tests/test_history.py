@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
 
 from cdclake import apply, model
 from cdclake.config import parse_config
@@ -31,7 +30,8 @@ from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
 from cdclake.workload import Message, SourceHistory
 from cdclake.workload.history import ms_to_datetime
-from tests.e2e.helpers import workload, write_lines
+from tests.e2e.helpers import history_table, workload, write_lines
+from tests.test_ddl import ddl_message, row_message
 
 ROW_OPS = ("INSERT", "UPDATE_BEFOR", "UPDATE_AFTER", "DELETE")
 TRUNCATE = "TRUNCATE"
@@ -60,18 +60,6 @@ def _identity(spec: Any, image: dict[str, Any] | None, row_id: int | None) -> An
 
 
 TABLE_FORMATS = ("delta", "iceberg")
-
-
-def history_table(
-    spark: SparkSession, lake: str, kind: str, database: str, table: str, table_format: str = "delta"
-) -> DataFrame | None:
-    """The ``kind`` ("changelog", "scd2") history table of a source table, or None when it has none. Where it is
-    stored is part of the contract (README: History tables)."""
-    if table_format == "delta":
-        path = f"{lake}/_cdclake/{kind}/{database}/{table}"
-        return spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
-    path = f"{lake}/{database}/_{kind}_{table}"
-    return spark.read.format("iceberg").load(path) if Path(path, "metadata").is_dir() else None
 
 
 def _spark_rows(spark, lake: str, kind: str, database: str, table: str, table_format: str) -> list[dict[str, Any]]:
@@ -570,3 +558,63 @@ def test_history_columns_follow_the_lake_tables_type_changes(spark, lake, table_
         (7, "abc", None),
         (5000000000, "42", 7),
     ]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("table_format", TABLE_FORMATS)
+def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path, table_format: TableFormat) -> None:
+    """Canal DDL messages (no TRUNCATE op of their own) that clear a table: DROP TABLE and the old name of RENAME
+    TABLE. The history logs each as a TRUNCATE at the statement, and the SCD2 versions it ends are closed there, as
+    the lake table's rows went; rows after the statement are new versions."""
+    types = {"id": "bigint(20)", "v": "varchar(8)"}
+    lines = [
+        row_message("INSERT", "customer", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}], types),
+        row_message("UPDATE", "customer", [{"id": "1", "v": "c"}], types, old=[{"v": "a"}]),
+        ddl_message("customer", "DROP TABLE customer", "ERASE"),
+        row_message("INSERT", "customer", [{"id": "3", "v": "d"}], types),
+        row_message("INSERT", "orders", [{"id": "7", "v": "x"}], types),
+        ddl_message("orders", "RENAME TABLE orders TO archived_orders", "RENAME"),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    replay(
+        spark,
+        lake=lake,
+        format_name="canal-json",
+        paths=[str(capture)],
+        batch_lines=4,
+        changelog=True,
+        scd2=True,
+        table_format=table_format,
+    )
+
+    def versions(table: str) -> list[tuple[Any, ...]]:
+        scd2 = history_table(spark, lake, "scd2", "crm", table, table_format)
+        assert scd2 is not None
+        rows = scd2.where("_cdc_row_key IS NOT NULL").orderBy("_cdc_valid_from", "id").collect()
+        return [(r["id"], r["v"], r["_cdc_op"], r["_cdc_is_current"], r["_cdc_is_deleted"]) for r in rows]
+
+    assert versions("customer") == [
+        (1, "a", "UPSERT", False, False),
+        (2, "b", "UPSERT", False, False),
+        (1, "c", "UPSERT", False, False),
+        (1, "c", "TRUNCATE", True, True),  # the versions the DROP ended: the keys are absent from then on
+        (2, "b", "TRUNCATE", True, True),
+        (3, "d", "UPSERT", True, False),
+    ]
+    assert versions("orders") == [(7, "x", "UPSERT", False, False), (7, "x", "TRUNCATE", True, True)]
+    changelog = history_table(spark, lake, "changelog", "crm", "customer", table_format)
+    assert changelog is not None
+    logged = changelog.orderBy("_cdc_position", "_cdc_sub_index").collect()
+    assert [(r["_cdc_op"], r["_cdc_vendor_op"], r["id"]) for r in logged] == [
+        ("INSERT", "INSERT", 1),
+        ("INSERT", "INSERT", 2),
+        ("UPDATE", "UPDATE", 1),
+        ("TRUNCATE", "ERASE", None),
+        ("INSERT", "INSERT", 3),
+    ]
+    # The live versions are the lake tables' rows.
+    lake_rows = sorted(
+        (r["id"], r["v"]) for r in lake_sink(spark, lake, table_format).read("crm", "customer").collect()
+    )
+    assert lake_rows == [(3, "d")]

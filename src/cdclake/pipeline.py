@@ -433,6 +433,7 @@ class Pipeline:
                 # may be appending to (and creating): one writer at a time.
                 self._bookkeeping.join()
                 self.evolution.apply_event(step, _sub_txn(txn, f"ddl{index}/change"))
+            self._history_of_cleared_tables(good, step, _sub_txn(txn, f"ddl{index}/history"), result)
             lower = step.order
         self._apply_events(good.where(affected & (order > F.lit(lower))), batch_id, _sub_txn(txn, "ddl/rows"), result)
 
@@ -458,6 +459,41 @@ class Pipeline:
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
         self._history(good, plans, table_columns, txn, result)
+
+    def _history_of_cleared_tables(
+        self, good: DataFrame, step: SchemaEvent, txn: Txn | None, result: BatchResult
+    ) -> None:
+        """The history tables see a table that a DDL statement cleared (``TRUNCATE TABLE``, ``DROP TABLE``, the old
+        name of a renamed table: cdclake.evolve deletes its rows) as a TRUNCATE event at the statement's order, with
+        the statement's position and vendor op: its SCD2 versions close there, as its lake rows went, and its
+        changelog logs it. Formats whose messages carry TRUNCATE as an op of their own reach the history directly."""
+        if not (self.settings.changelog or self.settings.scd2):
+            return
+        cleared = [c.table for c in step.changes if c.kind in ("truncate", "drop_table", "rename_table")]
+        if not cleared:
+            return
+        statement = good.where((F.col(model.OP) == Op.DDL.value) & (apply.effective_order(good) == F.lit(step.order)))
+        truncates = reduce(
+            DataFrame.unionByName,
+            (
+                statement.withColumns(
+                    {
+                        model.OP: F.lit(Op.TRUNCATE.value),
+                        model.DATABASE: F.lit(name.database).cast("string"),
+                        model.SCHEMA: F.lit(name.schema).cast("string"),
+                        model.TABLE: F.lit(name.table),
+                    }
+                )
+                for name in cleared
+            ),
+        )
+        plans = apply.plan_tables(truncates, self.settings.keys)
+        table_columns: dict[str, list[tuple[str, str]]] = {}
+        for plan in plans:
+            columns = self.sink.columns(plan.database, plan.schema, plan.table)
+            if columns is not None:
+                table_columns[plan.table_id] = columns
+        self._history(truncates, [p for p in plans if p.table_id in table_columns], table_columns, txn, result)
 
     def _ensure_tables(self, plans: Sequence[apply.TablePlan]) -> dict[str, list[tuple[str, str]]]:
         """Creates or widens the lake tables of ``plans``; their (name, type) user columns by table id.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
@@ -53,6 +53,33 @@ def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[
         return user_rows(row.asDict() for row in spark.read.format("iceberg").load(path).collect())
 
     return read_iceberg
+
+
+def history_table(
+    spark: SparkSession, lake: str, kind: str, database: str, table: str, table_format: str = "delta"
+) -> DataFrame | None:
+    """The ``kind`` ("changelog", "scd2") history table of a lake table (names as in the lake), read by its path, or
+    None when it has none. Where it is stored is part of the contract (README: History tables)."""
+    if table_format == "delta":
+        path = f"{lake}/_cdclake/{kind}/{database}/{table}"
+        return spark.read.format("delta").load(path) if Path(path, "_delta_log").is_dir() else None
+    path = f"{lake}/{database}/_{kind}_{table}"
+    return spark.read.format("iceberg").load(path) if Path(path, "metadata").is_dir() else None
+
+
+def scd2_reader(spark: SparkSession, lake: str, table_format: str) -> Callable[[str], list[dict[str, Any]]]:
+    """Reads the live rows of a lake table's SCD2 table (current, not deleted) given the lake table's path, for
+    :func:`~cdclake.devtools.verify.compare_lake`: they must equal the lake table's rows."""
+
+    def read_live_versions(path: str) -> list[dict[str, Any]]:
+        database, table = path.removeprefix(lake.rstrip("/") + "/").split("/")
+        frame = history_table(spark, lake, "scd2", database, table, table_format)
+        if frame is None:
+            raise FileNotFoundError(f"no SCD2 table of {database}.{table}")
+        live = frame.where("_cdc_is_current AND NOT _cdc_is_deleted")
+        return user_rows(row.asDict() for row in live.collect())
+
+    return read_live_versions
 
 
 def replay_in_two_batches(

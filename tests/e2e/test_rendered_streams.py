@@ -1,7 +1,8 @@
 """Every format's workload renderer, end to end: a seeded source history with its traps (re-sends, malformed
 messages, transactions, partial updates, a key-less table, a truncate, an added column) is rendered in the
 format, replayed through ``replay`` in two batches, and the lake read back by delta-rs must equal the source truth
-cell by cell (after the renderer's documented format limits, ``RenderedStream.expected``).
+cell by cell (after the renderer's documented format limits, ``RenderedStream.expected``). So must the live rows of
+the SCD2 history tables, which are built from every change instead of the folded ones.
 
 This is the unseen-stream check of each format: the renderers are written from the specs, independently of the
 decoders' golden cases.
@@ -16,7 +17,7 @@ import pytest
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.formats import list_formats
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
-from tests.e2e.helpers import replay_in_two_batches
+from tests.e2e.helpers import replay_in_two_batches, scd2_reader
 
 pytestmark = pytest.mark.spark
 
@@ -40,13 +41,16 @@ def test_every_format_has_a_renderer() -> None:
 def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=5)
-    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name)
+    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, scd2=True)
     captured = sum(1 for m in stream.messages if m.value is not None)
 
     assert len(results) == 2
     assert sum(r.messages for r in results) >= captured - SHAPE.malformed
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     assert sum(r.dead_letters for r in results) == malformed
-    comparison = compare_lake(lake, stream.expected_truth(history))
+    truth = stream.expected_truth(history)
+    comparison = compare_lake(lake, truth)
     assert all(r.ok for r in comparison), describe(comparison)
     assert sum(r.actual_rows for r in comparison) > 0
+    live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, "delta"))
+    assert all(r.ok for r in live_versions), "SCD2 live rows:\n" + describe(live_versions)

@@ -18,12 +18,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
+from cdclake.config import HistoryTablesConfig, KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.runner import run
+from cdclake.sinks.delta import safe_name
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-from tests.e2e.helpers import assert_lake_equals_truth, lake_reader, stream_config, topic_with, workload
+from tests.e2e.helpers import (
+    assert_lake_equals_truth,
+    history_table,
+    lake_reader,
+    scd2_reader,
+    stream_config,
+    topic_with,
+    workload,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -90,8 +99,9 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     spark, kafka, tmp_path: Path, format_name: str, table_format: str
 ) -> None:
     """A rendered stream of the format (re-sends, malformed messages, transactions, partial images, a key-less
-    table, a truncate, an added column) is streamed by `cdclake run`, SIGKILLed at a random moment of its batches
-    (printed on failure), and finished by a restart from the same checkpoint: the lake must equal the truth."""
+    table, a truncate, an added column) is streamed by `cdclake run`, with changelog and SCD2 tables, SIGKILLed at a
+    random moment of its batches (printed on failure), and finished by a restart from the same checkpoint: the lake
+    must equal the truth, so must the SCD2 tables' live rows, and the changelogs must hold every event once."""
     chance = random.Random()
     seed = chance.randrange(1_000_000)
     kill_after = chance.uniform(0.0, 4.0)
@@ -117,6 +127,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
         keys={table: list(columns) for table, columns in stream.keys.items()},
         trigger=TriggerConfig(available_now=True),
         table_format=table_format,  # type: ignore[arg-type]
+        history=HistoryTablesConfig(changelog=True, scd2=True),
     )
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
@@ -129,5 +140,13 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters")
     assert dead.select("partition", "offset").distinct().count() == malformed, note
-    comparison = compare_lake(lake, stream.expected_truth(history), lake_reader(spark, table_format))
+    truth = stream.expected_truth(history)
+    comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
     assert all(r.ok for r in comparison), f"{note}\n{describe(comparison)}"
+    live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
+    assert all(r.ok for r in live_versions), f"{note}: SCD2\n{describe(live_versions)}"
+    for database, table in truth:
+        changelog = history_table(spark, lake, "changelog", safe_name(database), safe_name(table), table_format)
+        assert changelog is not None, f"{note}: no changelog of {database}.{table}"
+        events = changelog.select("_cdc_position", "_cdc_sub_index", "_cdc_key")
+        assert events.count() == events.distinct().count() > 0, f"{note}: {database}.{table} logged an event twice"
