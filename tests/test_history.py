@@ -288,8 +288,7 @@ def test_scd2_and_changelog_equal_the_source_history_across_batches(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("table_format", TABLE_FORMATS)
-def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path, table_format: str) -> None:
+def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path: Path) -> None:
     """The stream in three parts, applied newest, middle (with the truncate), oldest: older changes land before the
     versions already stored (inserts before deletes, updates inside closed versions), the late truncate closes
     versions before stored newer ones, the oldest changes are closed by the stored truncate, and first halves of
@@ -310,11 +309,10 @@ def test_late_and_out_of_order_changes_land_in_their_place(spark, lake, tmp_path
         paths=paths,
         changelog=True,
         scd2=True,
-        table_format=table_format,
     )
     assert len(results) == 3
-    assert_scd2_equals_history(spark, lake, history, table_format)
-    assert_changelog_equals_events(spark, lake, history, messages, table_format)
+    assert_scd2_equals_history(spark, lake, history)
+    assert_changelog_equals_events(spark, lake, history, messages)
 
 
 def _commits(spark, lake: str, kind: str, database: str, table: str, table_format: str) -> int:
@@ -384,8 +382,7 @@ def _ogg(op: str, pos: int, before: dict[str, Any] | None = None, after: dict[st
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("table_format", TABLE_FORMATS)
-def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path, table_format: str) -> None:
+def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path) -> None:
     """OGG compressed updates carry the key and the changed columns only; a key-only delete shows the row it ends."""
     first = tmp_path / "first.jsonl"
     first.write_text(
@@ -414,9 +411,8 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
         paths=[str(first), str(second)],
         changelog=True,
         scd2=["SALES.ORDERS"],
-        table_format=table_format,
     )
-    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS", table_format)
+    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS")
     assert scd2 is not None
     rows = scd2.orderBy("_cdc_valid_from").collect()
     versions = [
@@ -441,7 +437,7 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
         (1, "B", 1.0, "x", 900, 950, False, False, "UPSERT"),
         (1, "C", 1.0, "x", 950, None, True, False, "UPSERT"),
     ]
-    changelog = history_table(spark, lake, "changelog", "SALES", "ORDERS", table_format)
+    changelog = history_table(spark, lake, "changelog", "SALES", "ORDERS")
     assert changelog is not None
     logged = [
         (int(r["_cdc_position"][:-2]), r["_cdc_op"], r["_cdc_after_is_partial"], r["_cdc_after_columns"], r["AMOUNT"])
@@ -561,8 +557,7 @@ def test_history_columns_follow_the_lake_tables_type_changes(spark, lake, table_
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("table_format", TABLE_FORMATS)
-def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path, table_format: TableFormat) -> None:
+def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path) -> None:
     """Canal DDL messages (no TRUNCATE op of their own) that clear a table: DROP TABLE and the old name of RENAME
     TABLE. The history logs each as a TRUNCATE at the statement, and the SCD2 versions it ends are closed there, as
     the lake table's rows went; rows after the statement are new versions."""
@@ -585,11 +580,10 @@ def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path,
         batch_lines=4,
         changelog=True,
         scd2=True,
-        table_format=table_format,
     )
 
     def versions(table: str) -> list[tuple[Any, ...]]:
-        scd2 = history_table(spark, lake, "scd2", "crm", table, table_format)
+        scd2 = history_table(spark, lake, "scd2", "crm", table)
         assert scd2 is not None
         rows = scd2.where("_cdc_row_key IS NOT NULL").orderBy("_cdc_valid_from", "id").collect()
         return [(r["id"], r["v"], r["_cdc_op"], r["_cdc_is_current"], r["_cdc_is_deleted"]) for r in rows]
@@ -603,7 +597,7 @@ def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path,
         (3, "d", "UPSERT", True, False),
     ]
     assert versions("orders") == [(7, "x", "UPSERT", False, False), (7, "x", "TRUNCATE", True, True)]
-    changelog = history_table(spark, lake, "changelog", "crm", "customer", table_format)
+    changelog = history_table(spark, lake, "changelog", "crm", "customer")
     assert changelog is not None
     logged = changelog.orderBy("_cdc_position", "_cdc_sub_index").collect()
     assert [(r["_cdc_op"], r["_cdc_vendor_op"], r["id"]) for r in logged] == [
@@ -614,7 +608,5 @@ def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path,
         ("INSERT", "INSERT", 3),
     ]
     # The live versions are the lake tables' rows.
-    lake_rows = sorted(
-        (r["id"], r["v"]) for r in lake_sink(spark, lake, table_format).read("crm", "customer").collect()
-    )
+    lake_rows = sorted((r["id"], r["v"]) for r in lake_sink(spark, lake).read("crm", "customer").collect())
     assert lake_rows == [(3, "d")]

@@ -419,6 +419,43 @@ def dlq_replay(
         )
 
 
+@app.command()
+def maintain(
+    lake: LakeOption,
+    retain_hours: Annotated[
+        int,
+        typer.Option(
+            help="Keep what versions of the last N hours need (time travel, readers still at them); remove the rest.",
+            min=0,
+        ),
+    ] = 168,
+    table_format: TableFormatOption = "delta",
+    iceberg_catalog: IcebergCatalogOption = None,
+) -> None:
+    """Remove old files and snapshots from the lake, history and bookkeeping tables (Delta VACUUM, Iceberg
+    expire_snapshots and remove_orphan_files). Run it while no pipeline writes the lake, or keep --retain-hours
+    longer than any write takes."""
+    from cdclake.maintain import maintain_lake
+
+    _check_table_format(table_format, iceberg_catalog)
+    with out.status("removing old files..."):
+        done = maintain_lake(
+            _session(),
+            lake,
+            table_format=table_format,  # type: ignore[arg-type]
+            iceberg_catalog=iceberg_catalog,
+            retain_hours=retain_hours,
+        )
+    if not done:
+        raise InputError(f"no cdclake tables in {lake} (nothing applied yet, or not a cdclake lake)")
+    table = Table("kind", "table", "format", "files removed")
+    for item in done:
+        table.add_row(item.kind, item.name, item.table_format, str(item.removed_files))
+    out.print(table)
+    removed = sum(item.removed_files for item in done)
+    out.print(f"{len(done)} tables, {removed} files removed (kept what the last {retain_hours} hours need)")
+
+
 def _session(conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     from cdclake.spark import get_session
 

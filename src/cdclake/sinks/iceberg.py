@@ -27,7 +27,9 @@ import hashlib
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Final
+from zoneinfo import ZoneInfo
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -450,6 +452,33 @@ class IcebergSink(DeltaSink):
 
     def replace_rows(self, path: str, rows: DataFrame) -> None:
         self._replace(path, rows)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Maintenance (cdclake.maintain)
+
+    def expire(self, path: str, retain_hours: int) -> int:
+        """Expires the snapshots of the Iceberg table at ``path`` older than ``retain_hours`` (the current one always
+        stays, so the last batch's marker does), deleting the files only they referenced, then the files under the
+        table that no snapshot references and that are that old, and at least a day old (a killed write's); returns
+        how many files went."""
+        name = sql_string(".".join((self.catalog, *self._names(path))))
+        procedures = f"{quote(self.catalog)}.system"
+        expired = self.spark.sql(
+            f"CALL {procedures}.expire_snapshots(table => {name}, older_than => {self._hours_ago(retain_hours)}, "
+            "retain_last => 1)"
+        ).first()
+        assert expired is not None
+        removed = sum(int(count or 0) for count in expired)  # data, delete, manifest and statistics files
+        # The procedure refuses orphans younger than a day (they may belong to a write still going on).
+        older_than = self._hours_ago(max(retain_hours, 24))
+        orphans = self.spark.sql(f"CALL {procedures}.remove_orphan_files(table => {name}, older_than => {older_than})")
+        return removed + orphans.count()
+
+    def _hours_ago(self, hours: int) -> str:
+        """A TIMESTAMP literal ``hours`` before now, in the session's time zone (which reads it)."""
+        zone = ZoneInfo(self.spark.conf.get("spark.sql.session.timeZone") or "UTC")
+        moment = (datetime.now(UTC) - timedelta(hours=hours)).astimezone(zone).replace(tzinfo=None)
+        return f"TIMESTAMP {sql_string(moment.isoformat(sep=' '))}"
 
     # ---------------------------------------------------------------------------------------------------------
     # Reading back
