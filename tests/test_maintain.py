@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from cdclake.cli.main import app
 from cdclake.devtools.verify import compare_lake, describe
+from cdclake.exceptions import InputError
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat
 from cdclake.sources import files
@@ -98,6 +99,12 @@ def test_maintain_removes_what_only_old_versions_need(spark, tmp_path: Path, tab
         assert sorted(map(repr, frame.collect())) == rows
     progress = spark.read.format("delta").load(f"{lake}/_cdclake/progress")
     assert progress.where(F.col("batch_id") == 2).count() > 0
+
+    # The other table format finds none of the lake's tables: an error, not a silent partial clean-up.
+    other = "iceberg" if table_format == "delta" else "delta"
+    wrong = CliRunner().invoke(app, ["maintain", "--lake", lake, "--table-format", other])
+    assert isinstance(wrong.exception, InputError)
+    assert f"none is a {other} table there" in str(wrong.exception)
 
     # The last batch, run again by a new pipeline after the maintenance, changes nothing. Delta keeps every batch
     # marker in its log, so nothing is committed either; an Iceberg table keeps the marker of its current snapshot

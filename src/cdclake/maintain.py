@@ -24,6 +24,7 @@ from typing import Literal
 
 from pyspark.sql import SparkSession
 
+from cdclake.exceptions import InputError
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.history import CHANGELOG_DIR, SCD2_DIR
 
@@ -54,7 +55,12 @@ def maintain_lake(
     retain_hours: int = DEFAULT_RETAIN_HOURS,
 ) -> list[MaintainedTable]:
     """Removes the files (Delta) and snapshots (Iceberg) older than ``retain_hours`` from every table of the lake
-    (see the module doc); returns what was done per table."""
+    (see the module doc); returns what was done per table.
+
+    Raises:
+        InputError: the progress table names tables, but none is a ``table_format`` table (a wrong format or
+            catalog would otherwise only clean the bookkeeping tables).
+    """
     if retain_hours < 0:
         raise ValueError("retain_hours must be 0 or more")
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)
@@ -75,6 +81,11 @@ def maintain_lake(
             if sink.table_schema(path) is not None:
                 removed = sink.expire(path, retain_hours)
                 done.append(MaintainedTable(kind, name, path, table_format, removed))
+    if sources and not any(item.kind == "lake" for item in done):
+        raise InputError(
+            f"the progress table of {lake} names {len(sources)} tables, but none is a {table_format} table there: "
+            "check the table format (--table-format, table_format) and the Iceberg catalog"
+        )
     for path in sink.system_tables():
         name = path.rsplit("/", 1)[-1]
         done.append(MaintainedTable("bookkeeping", name, path, "delta", sink.vacuum(path, retain_hours)))
