@@ -71,16 +71,20 @@ def maintain_lake(
         if progress is None
         else progress.where("scope = 'table'").select("database", "schema", "table").distinct().collect()
     )
+    seen: set[str] = set()  # source tables of two schemas may share a lake table (README: What lands in the lake)
     for database, schema, table in sorted(sources, key=lambda row: tuple(part or "" for part in row)):
         name = ".".join(part for part in (database, schema, table) if part)
+        path = sink.table_path(database, schema, table)
+        if path in seen:
+            continue
+        seen.add(path)
         if sink.columns(database, schema, table) is not None:
-            path = sink.table_path(database, schema, table)
             done.append(MaintainedTable("lake", name, path, table_format, sink.expire(path, retain_hours)))
         for kind in (CHANGELOG_DIR, SCD2_DIR):
-            path = sink.history_path(kind, database, schema, table)
-            if sink.table_schema(path) is not None:
-                removed = sink.expire(path, retain_hours)
-                done.append(MaintainedTable(kind, name, path, table_format, removed))
+            history_path = sink.history_path(kind, database, schema, table)
+            if sink.table_schema(history_path) is not None:
+                removed = sink.expire(history_path, retain_hours)
+                done.append(MaintainedTable(kind, name, history_path, table_format, removed))
     if sources and not any(item.kind == "lake" for item in done):
         raise InputError(
             f"the progress table of {lake} names {len(sources)} tables, but none is a {table_format} table there: "

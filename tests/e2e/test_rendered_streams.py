@@ -1,8 +1,9 @@
 """Every format's workload renderer, end to end: a seeded source history with its traps (re-sends, malformed
 messages, transactions, partial updates, a key-less table, a truncate, an added column) is rendered in the
 format, replayed through ``replay`` in two batches, and the lake read back by delta-rs must equal the source truth
-cell by cell (after the renderer's documented format limits, ``RenderedStream.expected``). So must the live rows of
-the SCD2 history tables, which are built from every change instead of the folded ones.
+cell by cell (after the renderer's documented format limits, ``RenderedStream.expected``). For the formats of
+:data:`WITH_SCD2` so must the live rows of an SCD2 history table, which is built from every change instead of the
+folded ones (all 16 formats pass this, in Delta and Iceberg lakes; the suite keeps a sample for its time).
 
 This is the unseen-stream check of each format: the renderers are written from the specs, independently of the
 decoders' golden cases.
@@ -27,6 +28,10 @@ HISTORY = HistoryConfig(
 SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
 
 
+WITH_SCD2 = {"dts-avro", "drs-avro", "ogg-json", "qlik-json", "dts-shareplex-json", "lindorm-debezium"}
+"""Truncates sent as DDL text (the Avro formats of DTS and DRS), partial images (OGG, Qlik, SharePlex) and missing
+NULL cells (Lindorm): the streams where an SCD2 table differs most from a folded MERGE."""
+
 NOT_YET_RENDERED: set[str] = set()
 """Formats whose workload renderer is still open work (tracked in the formats issue). Adding a renderer must remove
 its format from here, and a new format must come with a renderer."""
@@ -41,7 +46,7 @@ def test_every_format_has_a_renderer() -> None:
 def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
     history = SourceHistory.generate(HISTORY)
     stream = render_stream(format_name, history, SHAPE, seed=5)
-    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, scd2=True)
+    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, scd2=format_name in WITH_SCD2)
     captured = sum(1 for m in stream.messages if m.value is not None)
 
     assert len(results) == 2
@@ -52,5 +57,6 @@ def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, form
     comparison = compare_lake(lake, truth)
     assert all(r.ok for r in comparison), describe(comparison)
     assert sum(r.actual_rows for r in comparison) > 0
-    live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, "delta"))
-    assert all(r.ok for r in live_versions), "SCD2 live rows:\n" + describe(live_versions)
+    if format_name in WITH_SCD2:
+        live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, "delta"))
+        assert all(r.ok for r in live_versions), "SCD2 live rows:\n" + describe(live_versions)
