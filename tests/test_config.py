@@ -33,6 +33,9 @@ def test_good_config_defaults() -> None:
     assert options["maxOffsetsPerTrigger"] == "200000"
     assert config.deletion_vectors == "auto"
     assert parse_config({**GOOD, "deletion_vectors": "never"}).deletion_vectors == "never"
+    assert config.tables.table_filter().selects_all
+    tables = parse_config({**GOOD, "tables": {"include": ["shop.*"], "exclude": ["*.tmp_*"]}}).tables.table_filter()
+    assert (tables.include, tables.exclude) == (("shop.*",), ("*.tmp_*",))
 
 
 @pytest.mark.parametrize(
@@ -50,6 +53,9 @@ def test_good_config_defaults() -> None:
         (_with(lakes="/x"), "lakes", "spelling"),
         (_with(keys={"crm.t": []}), "keys", "keys: {crm.audit_log: [id]}"),
         (_with(deletion_vectors="sometimes"), "deletion_vectors", "`always` or `never`"),
+        (_with(tables={"include": ["shop..orders"]}), "tables.include", "`*` matches any characters"),
+        (_with(tables={"exclude": "shop.*"}), "tables.exclude", "lists of `db.table`"),
+        (_with(tables={"only": ["shop.*"]}), "tables.only", "spelling"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:

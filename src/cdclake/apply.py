@@ -54,6 +54,11 @@ def table_id(database: Column, schema: Column, table: Column) -> Column:
     return F.concat_ws(_SEP, F.coalesce(database, F.lit("")), F.coalesce(schema, F.lit("")), table)
 
 
+def table_id_of(database: str | None, schema: str | None, table: str) -> str:
+    """:func:`table_id` of one table, on the driver."""
+    return _SEP.join(part or "" for part in (database, schema, table))
+
+
 def split_table_id(value: str) -> tuple[str | None, str | None, str]:
     """Inverse of :func:`table_id` on the driver."""
     database, schema, table = value.split(_SEP, 2)
@@ -319,7 +324,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         plan = plans.get(ident)
         if plan is None:
             plan = TablePlan(
-                table_id=_SEP.join(part or "" for part in ident),
+                table_id=table_id_of(*ident),
                 database=ident[0],
                 schema=ident[1],
                 table=ident[2],

@@ -18,6 +18,7 @@ Example::
         sasl.jaas.config: ...
     format: dataworks-json                         # default format of every topic
     topic_formats: {dw.legacy: dataworks-json}     # per-topic override
+    tables: {include: ["shop.*", crm.customer], exclude: ["*.tmp_*"]}   # tables to land (globs; default all)
     keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
@@ -41,6 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdclake.exceptions import ConfigError, UnknownFormatError
+from cdclake.tables import TableFilter, check_pattern
 
 SECRET_KEY = re.compile(r"password|secret|jaas|token|credential|(^|\.)key($|\.)|keystore|truststore", re.IGNORECASE)
 
@@ -55,6 +57,8 @@ FIXES: dict[str, str] = {
     "format": "set `format:` to a name listed by `cdclake formats`",
     "topic_formats": "map each topic to a name listed by `cdclake formats`",
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
+    "tables": 'use `tables: {include: [shop.*, crm.customer], exclude: ["*.tmp_*"]}`: lists of `db.table` '
+    "(or `table`, `db.schema.table`) patterns where `*` matches any characters and `?` one",
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
     "sequence_by": "map `db.table`, `table` or `*` to the column that orders changes, e.g. `{shop.orders: version}`",
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
@@ -141,6 +145,25 @@ class DdlConfig(_Strict):
     tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
 
 
+class TablesConfig(_Strict):
+    """Which source tables land in the lake (cdclake.tables): glob patterns; every table when ``include`` is empty."""
+
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            problem = check_pattern(pattern)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    def table_filter(self) -> TableFilter:
+        return TableFilter.of(self.include, self.exclude)
+
+
 class HistoryTablesConfig(_Strict):
     """Which tables get history tables (cdclake.sinks.history): true = all, false = none, or ``db.table`` names."""
 
@@ -181,6 +204,7 @@ class PipelineConfig(_Strict):
     format: str | None = None
     topic_formats: dict[str, str] = Field(default_factory=dict)
     format_options: dict[str, dict[str, str]] = Field(default_factory=dict)
+    tables: TablesConfig = Field(default_factory=TablesConfig)
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)

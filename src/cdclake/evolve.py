@@ -35,6 +35,7 @@ from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid
 from cdclake.exceptions import TerminalError
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn, quote
+from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,25 @@ def _ident(name: TableName) -> tuple[str | None, str | None, str]:
 
 
 def _table_id(name: TableName) -> str:
-    return "\x1f".join(part or "" for part in _ident(name))
+    return apply.table_id_of(*_ident(name))
 
 
 class SchemaEvolution:
     """Applies the schema changes of a batch through a :class:`DeltaSink`."""
 
-    def __init__(self, sink: DeltaSink, policy: Policy = "evolve", table_policies: Mapping[str, Policy] | None = None):
+    def __init__(
+        self,
+        sink: DeltaSink,
+        policy: Policy = "evolve",
+        table_policies: Mapping[str, Policy] | None = None,
+        tables: TableFilter | None = None,
+    ):
         self.sink = sink
         self.policy = policy
         self.table_policies = dict(table_policies or {})
+        # The pipeline drops the events of excluded tables; this also leaves out the statements that name only
+        # excluded tables while sent as another table's (or no table's) event.
+        self.tables = tables or TableFilter()
 
     def policy_for(self, table: TableName) -> Policy:
         """``db.table`` (or ``schema.table``) first, then ``table``, then the pipeline's policy."""
@@ -144,6 +154,10 @@ class SchemaEvolution:
                 event.dead_letter = f"DDL not applied: {problems[0]}"
                 event.outcome = f"dead letter: {problems[0]}"
                 return
+        if not any(self.tables.admits(*_ident(change.table)) for change in parsed.changes):
+            event.outcome = "not applied: table excluded"
+            event.parsed = ParsedDdl(ignored="table excluded")
+            return
         policies = {self.policy_for(change.table) for change in parsed.changes}
         if "fail" in policies:
             self._check_fail(parsed.changes[0].table, row[model.DDL], None)

@@ -51,6 +51,7 @@ from cdclake.model import Op
 from cdclake.sinks import TableFormat, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
+from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ class PipelineSettings:
         default_format: format of topics not listed in ``topic_formats``.
         topic_formats: topic -> format name.
         format_options: format name -> its options.
+        tables: the source tables that land in the lake (see cdclake.tables); the events of the others are only
+            counted, in the progress rows of scope ``excluded``.
         keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
@@ -145,6 +148,7 @@ class PipelineSettings:
     default_format: str | None = None
     topic_formats: Mapping[str, str] = field(default_factory=dict)
     format_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    tables: TableFilter = field(default_factory=TableFilter)
     keys: Mapping[str, Sequence[str]] = field(default_factory=dict)
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
@@ -172,6 +176,8 @@ class BatchResult:
     batch_id: int
     messages: int = 0
     dead_letters: int = 0
+    excluded: int = 0
+    """events of tables left out by ``PipelineSettings.tables`` (not applied, not dead-lettered)."""
     applied: dict[str, int] = field(default_factory=dict)
     """lake table path -> folded changes applied (after per-key folding)."""
     ops: dict[str, int] = field(default_factory=dict)
@@ -252,7 +258,7 @@ class Pipeline:
         )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
-        self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies)
+        self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies, settings.tables)
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
@@ -372,22 +378,46 @@ class Pipeline:
     def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
             summary = _summary(events)
+        excluded = self._excluded_tables(summary)
         for row in summary:
             result.messages += row["n"]
-            if row["bad"]:
+            if _table_id_of(row) in excluded:
+                result.excluded += row["n"]
+            elif row["bad"]:
                 result.dead_letters += row["n"]
             else:
                 result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["n"]
         if result.messages == 0:
             return result
+        if excluded:
+            table = F.col(model.TABLE)
+            ids = sorted(excluded)
+            events = events.where(
+                table.isNull() | ~apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), table).isin(*ids)
+            )
         small = result.messages <= SMALL_BATCH_MESSAGES
         with session_settings(self.spark, SMALL_BATCH_SETTINGS if small else {}):
-            self._apply_summarised(events, summary, batch_id, txn, result)
+            self._apply_summarised(events, summary, excluded, batch_id, txn, result)
         log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
 
+    def _excluded_tables(self, summary: Sequence[Row]) -> set[str]:
+        """The batch's tables that ``settings.tables`` leaves out, by :func:`cdclake.apply.table_id`: decided once
+        per table on the driver, so that the filter is a plain ``IN`` list for Spark."""
+        tables = self.settings.tables
+        if tables.selects_all:
+            return set()
+        found = {(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) for row in summary}
+        return {apply.table_id_of(*ident) for ident in found if ident[2] is not None and not tables.admits(*ident)}
+
     def _apply_summarised(
-        self, events: DataFrame, summary: Sequence[Row], batch_id: int, txn: Txn | None, result: BatchResult
+        self,
+        events: DataFrame,
+        summary: Sequence[Row],
+        excluded: set[str],
+        batch_id: int,
+        txn: Txn | None,
+        result: BatchResult,
     ) -> None:
         """Everything after decoding: dead letters, DDL, row changes, history, bookkeeping and progress."""
         if result.dead_letters:
@@ -404,7 +434,7 @@ class Pipeline:
         with result.timed("bookkeeping"):
             self._bookkeeping.join()
         with result.timed("progress"):
-            self._progress(summary, batch_id, txn)
+            self._progress(summary, excluded, batch_id, txn)
         if batch_id % 100 == 0:
             with result.timed("expire_tombstones"):
                 self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
@@ -923,24 +953,26 @@ class Pipeline:
         )
         self._bookkeeping.submit("schema_changes", self.sink.append, SCHEMA_CHANGES, frame, txn)
 
-    def _progress(self, summary: Sequence[Row], batch_id: int, txn: Txn | None) -> None:
-        """Per table: events by op, last position, last event time. Per Kafka partition: last offset and the
-        newest event time of any event, heartbeats included (the source is read up to that time).
+    def _progress(self, summary: Sequence[Row], excluded: set[str], batch_id: int, txn: Txn | None) -> None:
+        """Per table: events by op, last position, last event time (scope ``table``, or ``excluded`` for the
+        ``excluded`` tables, whose events were only counted). Per Kafka partition: last offset and the newest event
+        time of any event, heartbeats and excluded tables included (the source is read up to that time).
 
         Rolled up on the driver from the batch's :func:`_summary` (a few rows per table and partition): the events
         are not read again for it."""
-        tables: dict[tuple[str | None, str | None, str], _Totals] = {}
+        tables: dict[tuple[str, str | None, str | None, str], _Totals] = {}
         streams: dict[tuple[str, int], _Totals] = {}
         for row in summary:
-            if row["bad"]:
+            left_out = _table_id_of(row) in excluded
+            if row["bad"] and not left_out:
                 continue
             if row[model.TABLE] is not None:
-                table = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                table = ("excluded" if left_out else "table", row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
                 tables.setdefault(table, _Totals()).add(row)
-            streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).add(row)
+            if not row["bad"]:
+                streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).add(row)
         rows = [
-            ("table", *table, None, None, None, *totals.figures(), totals.last_position)
-            for table, totals in tables.items()
+            (*table, None, None, None, *totals.figures(), totals.last_position) for table, totals in tables.items()
         ] + [
             ("stream", None, None, None, *stream, totals.last_offset, *totals.figures(), None)
             for stream, totals in streams.items()
@@ -992,6 +1024,12 @@ def _summary(events: DataFrame) -> list[Row]:
         )
         .collect()
     )
+
+
+def _table_id_of(row: Row) -> str | None:
+    """:func:`cdclake.apply.table_id` of a summary row's table; None for events of no table."""
+    table = row[model.TABLE]
+    return None if table is None else apply.table_id_of(row[model.DATABASE], row[model.SCHEMA], table)
 
 
 _Ordered = TypeVar("_Ordered", str, int)

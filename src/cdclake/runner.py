@@ -18,6 +18,7 @@ from cdclake.sinks import TableFormat
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
+from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         default_format=config.format,
         topic_formats=dict(config.topic_formats),
         format_options={k: dict(v) for k, v in config.format_options.items()},
+        tables=config.tables.table_filter(),
         keys={k: list(v) for k, v in config.keys.items()},
         tombstone_retention_seconds=int(config.tombstone_retention_hours * 3600),
         name=config.name,
@@ -193,6 +195,7 @@ def replay(
     encoding: files.InputEncoding = "lines",
     keys: Mapping[str, Sequence[str]] | None = None,
     format_options: Mapping[str, str] | None = None,
+    tables: TableFilter | None = None,
     batch_lines: int = 1_000_000,
     on_batch: BatchCallback | None = None,
     ddl_policy: Policy = "evolve",
@@ -207,6 +210,7 @@ def replay(
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
+    ``tables`` selects the source tables that land (see cdclake.tables; default all);
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
@@ -222,6 +226,7 @@ def replay(
         app_id=f"cdclake-replay-{uuid.uuid4()}",
         default_format=format_name,
         format_options={format_name: dict(format_options or {})},
+        tables=tables or TableFilter(),
         keys={k: list(v) for k, v in (keys or {}).items()},
         name="replay",
         ddl_policy=ddl_policy,

@@ -41,7 +41,7 @@ def lake_status(spark: SparkSession, lake: str) -> list[tuple[str, ...]]:
     now = datetime.now(UTC)
     rows: list[tuple[str, ...]] = []
     for row in summary:
-        if row["scope"] == "table":
+        if row["scope"] in ("table", "excluded"):
             name = ".".join(p for p in (row["database"], row["schema"], row["table"]) if p)
             position = str(row["last_position"] or "-")
         else:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdclake.exceptions import CdclakeError, ConfigError, InputError
+from cdclake.tables import TableFilter, check_pattern
 
 if TYPE_CHECKING:
     from cdclake.dlq import DeadLetter, DeadLetterFilter
@@ -62,6 +63,15 @@ def _parse_sequence_by(values: list[str]) -> dict[str, str]:
             raise InputError(f"--sequence-by {value!r}: expected db.table=column, e.g. shop.orders=version")
         pairs[table.strip()] = column.strip()
     return pairs
+
+
+def _table_filter(include: list[str], exclude: list[str]) -> TableFilter:
+    for option, patterns in (("--include-table", include), ("--exclude-table", exclude)):
+        for pattern in patterns:
+            problem = check_pattern(pattern)
+            if problem is not None:
+                raise InputError(f"{option}: {problem}")
+    return TableFilter.of(include, exclude)
 
 
 def _table_selection(values: list[str]) -> bool | list[str]:
@@ -109,6 +119,14 @@ def replay(
     keys: Annotated[
         list[str] | None,
         typer.Option(help="Key columns for a table whose messages carry none: db.table=c1,c2"),
+    ] = None,
+    include_table: Annotated[
+        list[str] | None,
+        typer.Option(help="Land only tables matching this pattern (db.table, * and ? wildcards); repeatable."),
+    ] = None,
+    exclude_table: Annotated[
+        list[str] | None,
+        typer.Option(help="Leave out tables matching this pattern (db.table, * and ? wildcards); repeatable."),
     ] = None,
     batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
     ddl_policy: Annotated[
@@ -159,6 +177,7 @@ def replay(
     from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
+    tables = _table_filter(include_table or [], exclude_table or [])
     format_options = _parse_options(option or [])
     sequence_map = _parse_sequence_by(sequence_by or [])
     if format_name != "auto":
@@ -178,6 +197,7 @@ def replay(
             paths=files,
             encoding=input_encoding,  # type: ignore[arg-type]
             keys=key_map,
+            tables=tables,
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
             transaction_consistent=transaction_consistent,
@@ -230,6 +250,7 @@ def run(
         err.print(
             f"batch {result.batch_id}: {result.messages} messages, {applied} row changes applied to "
             f"{len(result.applied)} tables, {result.dead_letters} dead letters"
+            + (f", {result.excluded} events of excluded tables" if result.excluded else "")
         )
 
     run_stream(spark, cfg, until_caught_up=until_caught_up, on_batch=report)
@@ -470,6 +491,7 @@ def _print_summary(  # type: ignore[no-untyped-def]
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)  # type: ignore[arg-type]
     messages = sum(r.messages for r in results)
     dead = sum(r.dead_letters for r in results)
+    excluded = sum(r.excluded for r in results)
     changes: dict[str, int] = {}
     for result in results:
         for path, count in result.applied.items():
@@ -479,7 +501,8 @@ def _print_summary(  # type: ignore[no-untyped-def]
         rows = sink.row_count(path)
         table.add_row(path.removeprefix(lake.rstrip("/") + "/"), str(changes[path]), str(rows))
     out.print(table)
-    out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters")
+    left_out = f", {excluded} events of excluded tables" if excluded else ""
+    out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters{left_out}")
 
 
 def main() -> None:

@@ -65,6 +65,7 @@ from cdclake.sinks.delta import (
     turn_marker,
 )
 from cdclake.spark import local_frame
+from cdclake.tables import table_names
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +147,7 @@ def is_selected(selection: TableSelection, plan: TablePlan) -> bool:
     if isinstance(selection, bool):
         return selection
     names = [selection] if isinstance(selection, str) else list(selection)
-    database, schema, table = plan.database, plan.schema, plan.table
-    candidates = {table, f"{database or schema}.{table}"}
-    if schema:
-        candidates.add(f"{schema}.{table}")
-    if database and schema:
-        candidates.add(f"{database}.{schema}.{table}")
-    return any(name in candidates for name in names)
+    return not table_names(plan.database, plan.schema, plan.table).isdisjoint(names)
 
 
 def _position_text(order: str) -> str:
