@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -71,6 +71,10 @@ def _table_id(name: TableName) -> str:
     return apply.table_id_of(*_ident(name))
 
 
+CLEARING_KINDS: Final = frozenset({"truncate", "drop_table", "rename_table"})
+"""Changes that delete the lake rows of their table (a renamed table's rows move to the new name)."""
+
+
 class SchemaEvolution:
     """Applies the schema changes of a batch through a :class:`DeltaSink`."""
 
@@ -87,6 +91,8 @@ class SchemaEvolution:
         # The pipeline drops the events of excluded tables; this also leaves out the statements that name only
         # excluded tables while sent as another table's (or no table's) event.
         self.tables = tables or TableFilter()
+        # Set by the pipeline for each batch: table id -> the other source table whose rows share its lake table.
+        self.sharing: Mapping[str, str] = {}
 
     def policy_for(self, table: TableName) -> Policy:
         """``db.table`` (or ``schema.table``) first, then ``table``, then the pipeline's policy."""
@@ -158,6 +164,14 @@ class SchemaEvolution:
             event.outcome = "not applied: table excluded"
             event.parsed = ParsedDdl(ignored="table excluded")
             return
+        for change in parsed.changes:
+            other = self.sharing.get(_table_id(change.table)) if change.kind in CLEARING_KINDS else None
+            if other is not None:
+                name = ".".join(part for part in _ident(change.table) if part)
+                problem = f"the lake table of {name} also holds the rows of {other}, which {change.kind} would delete"
+                event.dead_letter = f"DDL not applied: {problem}"
+                event.outcome = f"dead letter: {problem}"
+                return
         policies = {self.policy_for(change.table) for change in parsed.changes}
         if "fail" in policies:
             self._check_fail(parsed.changes[0].table, row[model.DDL], None)

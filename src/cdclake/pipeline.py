@@ -38,7 +38,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
-from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution
+from cdclake.evolve import CLEARING_KINDS, Policy, SchemaEvent, SchemaEvolution
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -395,6 +395,10 @@ class Pipeline:
             events = events.where(
                 table.isNull() | ~apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), table).isin(*ids)
             )
+        sharing = self._sharing(summary, excluded) if _clears_tables(result.ops) else {}
+        self.evolution.sharing = sharing
+        if sharing and result.ops.get(Op.TRUNCATE.value):
+            events, summary = self._refuse_shared_truncates(events, summary, sharing, batch_id, txn, result)
         small = result.messages <= SMALL_BATCH_MESSAGES
         with session_settings(self.spark, SMALL_BATCH_SETTINGS if small else {}):
             self._apply_summarised(events, summary, excluded, batch_id, txn, result)
@@ -409,6 +413,62 @@ class Pipeline:
             return set()
         found = {(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) for row in summary}
         return {apply.table_id_of(*ident) for ident in found if ident[2] is not None and not tables.admits(*ident)}
+
+    def _sharing(self, summary: Sequence[Row], excluded: set[str]) -> dict[str, str]:
+        """Source tables that share their lake table with another source table (tables of one name in several
+        schemas of a database, see README "What lands in the lake"): table id -> the other table's name. From the
+        tables the progress table names and the batch's own. Only read for batches that may clear a table."""
+        stored = self.sink.read_system(PROGRESS)
+        known = [] if stored is None else stored.where("scope = 'table'").select(*_IDENT).distinct().collect()
+        idents = {(r[0], r[1], r[2]) for r in known}
+        idents |= {
+            (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+            for row in summary
+            if row[model.TABLE] is not None and not row["bad"] and _table_id_of(row) not in excluded
+        }
+        by_path: dict[str, list[tuple[str | None, str | None, str]]] = {}
+        for ident in sorted(idents, key=lambda i: tuple(part or "" for part in i)):
+            by_path.setdefault(self.sink.table_path(*ident), []).append(ident)
+        return {
+            apply.table_id_of(*ident): ".".join(p for p in other if p)
+            for members in by_path.values()
+            if len(members) > 1
+            for ident in members
+            for other in [next(m for m in members if m != ident)]
+        }
+
+    def _refuse_shared_truncates(
+        self,
+        events: DataFrame,
+        summary: Sequence[Row],
+        sharing: Mapping[str, str],
+        batch_id: int,
+        txn: Txn | None,
+        result: BatchResult,
+    ) -> tuple[DataFrame, list[Row]]:
+        """TRUNCATE events of a source table whose lake table also holds another source table's rows become dead
+        letters: the lake rows do not say which source table wrote them, so the truncate would delete the other
+        table's rows too."""
+        refused = [
+            row for row in summary if row[model.OP] == Op.TRUNCATE and not row["bad"] and _table_id_of(row) in sharing
+        ]
+        if not refused:
+            return events, list(summary)
+        table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        reason: Column = F.lit(None).cast("string")
+        for ident, other in sharing.items():
+            name = ".".join(part for part in apply.split_table_id(ident) if part)
+            text = (
+                f"TRUNCATE of {name} not applied: its lake table also holds the rows of {other}, which it would delete"
+            )
+            reason = F.when(table_id == F.lit(ident), F.lit(text)).otherwise(reason)
+        reason = F.when(F.col(model.OP) == Op.TRUNCATE.value, reason)
+        self._dead_letters(events.where(reason.isNotNull()), reason, batch_id, _sub_txn(txn, "shared"))
+        count = sum(row["n"] for row in refused)
+        result.dead_letters += count
+        result.ops[Op.TRUNCATE.value] -= count
+        marked = [Row(**{**row.asDict(), "bad": True}) if row in refused else row for row in summary]
+        return events.where(reason.isNull()), marked
 
     def _apply_summarised(
         self,
@@ -499,7 +559,7 @@ class Pipeline:
         changelog logs it. Formats whose messages carry TRUNCATE as an op of their own reach the history directly."""
         if not (self.settings.changelog or self.settings.scd2):
             return
-        cleared = [c.table for c in step.changes if c.kind in ("truncate", "drop_table", "rename_table")]
+        cleared = [c.table for c in step.changes if c.kind in CLEARING_KINDS]
         if not cleared:
             return
         statement = good.where((F.col(model.OP) == Op.DDL.value) & (apply.effective_order(good) == F.lit(step.order)))
@@ -1024,6 +1084,14 @@ def _summary(events: DataFrame) -> list[Row]:
         )
         .collect()
     )
+
+
+_IDENT: Final = (model.DATABASE, model.SCHEMA, model.TABLE)
+
+
+def _clears_tables(ops: Mapping[str, int]) -> bool:
+    """Whether a batch with these events by op may clear a table (TRUNCATE, or DDL: DROP, TRUNCATE, RENAME)."""
+    return bool(ops.get(Op.TRUNCATE.value) or ops.get(Op.DDL.value))
 
 
 def _table_id_of(row: Row) -> str | None:
