@@ -1,7 +1,7 @@
 """Tables of one name in several schemas of a database share a lake table (README "What lands in the lake"). Its
 rows do not say which source table wrote them, so clearing one source table (TRUNCATE, DROP TABLE, the old name of
 a RENAME) would delete the other's rows: such a clear becomes a dead letter with the reason instead, and the rows of
-both stay."""
+both stay. So does a clear of a source table that never had a row there."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ def test_a_clear_of_one_source_table_never_deletes_the_rows_of_another(spark: Sp
         # second batch
         _dataworks("TRUNCATE", "public", 3, ddl="TRUNCATE TABLE public.orders"),
         _dataworks("ERASE", "public", 4, ddl="DROP TABLE public.orders"),
-        _dataworks("INSERT", "public", 5, row_id=3),
+        # third batch: a schema whose table never had a row shares the lake table too
+        _dataworks("TRUNCATE", "staging", 5, ddl="TRUNCATE TABLE staging.orders"),
+        _dataworks("INSERT", "public", 6, row_id=3),
     ]
     capture.write_text("\n".join(lines) + "\n", encoding="utf-8")
     lake = str(tmp_path / "lake")
@@ -60,8 +62,10 @@ def test_a_clear_of_one_source_table_never_deletes_the_rows_of_another(spark: Sp
         "which it would delete",
         "DDL not applied: the lake table of shop.public.orders also holds the rows of shop.archive.orders, which "
         "drop_table would delete",
+        "TRUNCATE of shop.staging.orders not applied: its lake table also holds the rows of shop.archive.orders, "
+        "which it would delete",
     ]
-    assert [r.dead_letters for r in results] == [0, 2, 0]
+    assert [r.dead_letters for r in results] == [0, 2, 1]
     progress = spark.read.format("delta").load(f"{lake}/_cdclake/progress").where("scope = 'table' AND batch_id = 1")
     # the refused TRUNCATE is a dead letter, not a TRUNCATE of the table (the DDL event is recorded as received)
     assert {r["schema"]: r["ops"] for r in progress.collect()} == {"public": {"DDL": 1}}

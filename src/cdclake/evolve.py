@@ -23,7 +23,7 @@ Every DDL and TRUNCATE event is recorded in ``_cdclake/schema_changes`` with its
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -75,6 +75,16 @@ CLEARING_KINDS: Final = frozenset({"truncate", "drop_table", "rename_table"})
 """Changes that delete the lake rows of their table (a renamed table's rows move to the new name)."""
 
 
+SharedWith = Callable[[str | None, str | None, str], str | None]
+"""(database, schema, table) -> the name of another source table with rows in that table's lake table, or None."""
+
+
+def shares_nothing(database: str | None, schema: str | None, table: str) -> str | None:
+    """A :data:`SharedWith` for lakes whose tables each hold one source table's rows."""
+    del database, schema, table
+    return None
+
+
 class SchemaEvolution:
     """Applies the schema changes of a batch through a :class:`DeltaSink`."""
 
@@ -91,8 +101,8 @@ class SchemaEvolution:
         # The pipeline drops the events of excluded tables; this also leaves out the statements that name only
         # excluded tables while sent as another table's (or no table's) event.
         self.tables = tables or TableFilter()
-        # Set by the pipeline for each batch: table id -> the other source table whose rows share its lake table.
-        self.sharing: Mapping[str, str] = {}
+        # Set by the pipeline for each batch: which other source table has rows in a table's lake table.
+        self.shared_with: SharedWith = shares_nothing
 
     def policy_for(self, table: TableName) -> Policy:
         """``db.table`` (or ``schema.table``) first, then ``table``, then the pipeline's policy."""
@@ -165,7 +175,7 @@ class SchemaEvolution:
             event.parsed = ParsedDdl(ignored="table excluded")
             return
         for change in parsed.changes:
-            other = self.sharing.get(_table_id(change.table)) if change.kind in CLEARING_KINDS else None
+            other = self.shared_with(*_ident(change.table)) if change.kind in CLEARING_KINDS else None
             if other is not None:
                 name = ".".join(part for part in _ident(change.table) if part)
                 problem = f"the lake table of {name} also holds the rows of {other}, which {change.kind} would delete"

@@ -38,7 +38,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
-from cdclake.evolve import CLEARING_KINDS, Policy, SchemaEvent, SchemaEvolution
+from cdclake.evolve import CLEARING_KINDS, Policy, SchemaEvent, SchemaEvolution, SharedWith, shares_nothing
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -274,6 +274,8 @@ class Pipeline:
         # made after decoding, released when it ends.
         self._bookkeeping: _Bookkeeping
         self._batch_frames: list[DataFrame] = []
+        # The source tables that wrote rows to the lake, (database, schema, table): loaded by _shared_with when needed.
+        self._landed: set[tuple[str | None, str | None, str]] | None = None
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -395,10 +397,11 @@ class Pipeline:
             events = events.where(
                 table.isNull() | ~apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), table).isin(*ids)
             )
-        sharing = self._sharing(summary, excluded) if _clears_tables(result.ops) else {}
-        self.evolution.sharing = sharing
-        if sharing and result.ops.get(Op.TRUNCATE.value):
-            events, summary = self._refuse_shared_truncates(events, summary, sharing, batch_id, txn, result)
+        self._note_landed(summary, excluded)
+        shared_with = self._shared_with(summary, excluded) if _clears_tables(result.ops) else shares_nothing
+        self.evolution.shared_with = shared_with
+        if result.ops.get(Op.TRUNCATE.value):
+            events, summary = self._refuse_shared_truncates(events, summary, shared_with, batch_id, txn, result)
         small = result.messages <= SMALL_BATCH_MESSAGES
         with session_settings(self.spark, SMALL_BATCH_SETTINGS if small else {}):
             self._apply_summarised(events, summary, excluded, batch_id, txn, result)
@@ -414,34 +417,48 @@ class Pipeline:
         found = {(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) for row in summary}
         return {apply.table_id_of(*ident) for ident in found if ident[2] is not None and not tables.admits(*ident)}
 
-    def _sharing(self, summary: Sequence[Row], excluded: set[str]) -> dict[str, str]:
-        """Source tables that share their lake table with another source table (tables of one name in several
-        schemas of a database, see README "What lands in the lake"): table id -> the other table's name. From the
-        tables the progress table names and the batch's own. Only read for batches that may clear a table."""
-        stored = self.sink.read_system(PROGRESS)
-        known = [] if stored is None else stored.where("scope = 'table'").select(*_IDENT).distinct().collect()
-        idents = {(r[0], r[1], r[2]) for r in known}
-        idents |= {
-            (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
-            for row in summary
-            if row[model.TABLE] is not None and not row["bad"] and _table_id_of(row) not in excluded
-        }
+    def _note_landed(self, summary: Sequence[Row], excluded: set[str]) -> None:
+        """Adds the batch's landed source tables to :attr:`_landed`, once that is loaded (see :meth:`_shared_with`)."""
+        if self._landed is not None:
+            self._landed |= {
+                (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                for row in summary
+                if row[model.OP] in _ROW_OPS and not row["bad"] and _table_id_of(row) not in excluded
+            }
+
+    def _shared_with(self, summary: Sequence[Row], excluded: set[str]) -> SharedWith:
+        """Which other source table has rows in a source table's lake table (tables of one name in several schemas
+        of a database share one, see README "What lands in the lake"): (database, schema, table) -> that table's
+        name, or None.
+
+        From the tables the progress table names with row changes, read on the first batch that may clear a table,
+        then kept up to date from each batch's summary (the progress table grows by a row per table and batch)."""
+        if self._landed is None:
+            stored = self.sink.read_system(PROGRESS)
+            with_rows = F.arrays_overlap(F.map_keys("ops"), F.array(*map(F.lit, sorted(_ROW_OPS))))
+            known = (
+                []
+                if stored is None
+                else stored.where((F.col("scope") == "table") & with_rows).select(*_IDENT).distinct().collect()
+            )
+            self._landed = {(r[0], r[1], r[2]) for r in known}
+            self._note_landed(summary, excluded)
         by_path: dict[str, list[tuple[str | None, str | None, str]]] = {}
-        for ident in sorted(idents, key=lambda i: tuple(part or "" for part in i)):
+        for ident in sorted(self._landed, key=lambda i: tuple(part or "" for part in i)):
             by_path.setdefault(self.sink.table_path(*ident), []).append(ident)
-        return {
-            apply.table_id_of(*ident): ".".join(p for p in other if p)
-            for members in by_path.values()
-            if len(members) > 1
-            for ident in members
-            for other in [next(m for m in members if m != ident)]
-        }
+
+        def shared_with(database: str | None, schema: str | None, table: str) -> str | None:
+            members = by_path.get(self.sink.table_path(database, schema, table), [])
+            other = next((m for m in members if m != (database, schema, table)), None)
+            return None if other is None else ".".join(part for part in other if part)
+
+        return shared_with
 
     def _refuse_shared_truncates(
         self,
         events: DataFrame,
         summary: Sequence[Row],
-        sharing: Mapping[str, str],
+        shared_with: SharedWith,
         batch_id: int,
         txn: Txn | None,
         result: BatchResult,
@@ -449,21 +466,28 @@ class Pipeline:
         """TRUNCATE events of a source table whose lake table also holds another source table's rows become dead
         letters: the lake rows do not say which source table wrote them, so the truncate would delete the other
         table's rows too."""
-        refused = [
-            row for row in summary if row[model.OP] == Op.TRUNCATE and not row["bad"] and _table_id_of(row) in sharing
-        ]
-        if not refused:
+        reasons: dict[str, str] = {}
+        for row in summary:
+            if row[model.OP] == Op.TRUNCATE and not row["bad"] and row[model.TABLE] is not None:
+                ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                other = shared_with(*ident)
+                if other is not None:
+                    name = ".".join(part for part in ident if part)
+                    reasons[apply.table_id_of(*ident)] = (
+                        f"TRUNCATE of {name} not applied: its lake table also holds the rows of {other}, "
+                        "which it would delete"
+                    )
+        if not reasons:
             return events, list(summary)
         table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
         reason: Column = F.lit(None).cast("string")
-        for ident, other in sharing.items():
-            name = ".".join(part for part in apply.split_table_id(ident) if part)
-            text = (
-                f"TRUNCATE of {name} not applied: its lake table also holds the rows of {other}, which it would delete"
-            )
-            reason = F.when(table_id == F.lit(ident), F.lit(text)).otherwise(reason)
+        for refused_id, text in reasons.items():
+            reason = F.when(table_id == F.lit(refused_id), F.lit(text)).otherwise(reason)
         reason = F.when(F.col(model.OP) == Op.TRUNCATE.value, reason)
         self._dead_letters(events.where(reason.isNotNull()), reason, batch_id, _sub_txn(txn, "shared"))
+        refused = [
+            row for row in summary if row[model.OP] == Op.TRUNCATE and not row["bad"] and _table_id_of(row) in reasons
+        ]
         count = sum(row["n"] for row in refused)
         result.dead_letters += count
         result.ops[Op.TRUNCATE.value] -= count
@@ -1087,6 +1111,7 @@ def _summary(events: DataFrame) -> list[Row]:
 
 
 _IDENT: Final = (model.DATABASE, model.SCHEMA, model.TABLE)
+_ROW_OPS: Final = frozenset(op.value for op in model.ROW_OPS)
 
 
 def _clears_tables(ops: Mapping[str, int]) -> bool:
