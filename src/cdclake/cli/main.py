@@ -23,7 +23,11 @@ from cdclake.tables import TableFilter, check_pattern
 if TYPE_CHECKING:
     from cdclake.dlq import DeadLetter, DeadLetterFilter
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Land CDC streams from Kafka in Delta Lake.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Land CDC streams from Kafka in Delta Lake or Apache Iceberg tables.",
+)
 dlq_app = typer.Typer(
     no_args_is_help=True, help="Dead letters: list them, and re-apply them once the cause is fixed (each at most once)."
 )
