@@ -18,9 +18,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final
-
-GLOB_CHARACTERS: Final = "*?"
 
 
 def table_names(database: str | None, schema: str | None, table: str) -> set[str]:
