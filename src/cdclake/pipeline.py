@@ -421,7 +421,7 @@ class Pipeline:
         """Adds the batch's landed source tables to :attr:`_landed`, once that is loaded (see :meth:`_shared_with`)."""
         if self._landed is not None:
             self._landed |= {
-                (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                _ident_of(row)
                 for row in summary
                 if row[model.OP] in _ROW_OPS and not row["bad"] and _table_id_of(row) not in excluded
             }
@@ -467,9 +467,10 @@ class Pipeline:
         letters: the lake rows do not say which source table wrote them, so the truncate would delete the other
         table's rows too."""
         reasons: dict[str, str] = {}
+        refused: list[Row] = []
         for row in summary:
             if row[model.OP] == Op.TRUNCATE and not row["bad"] and row[model.TABLE] is not None:
-                ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                ident = _ident_of(row)
                 other = shared_with(*ident)
                 if other is not None:
                     name = ".".join(part for part in ident if part)
@@ -477,6 +478,7 @@ class Pipeline:
                         f"TRUNCATE of {name} not applied: its lake table also holds the rows of {other}, "
                         "which it would delete"
                     )
+                    refused.append(row)
         if not reasons:
             return events, list(summary)
         table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
@@ -485,9 +487,6 @@ class Pipeline:
             reason = F.when(table_id == F.lit(refused_id), F.lit(text)).otherwise(reason)
         reason = F.when(F.col(model.OP) == Op.TRUNCATE.value, reason)
         self._dead_letters(events.where(reason.isNotNull()), reason, batch_id, _sub_txn(txn, "shared"))
-        refused = [
-            row for row in summary if row[model.OP] == Op.TRUNCATE and not row["bad"] and _table_id_of(row) in reasons
-        ]
         count = sum(row["n"] for row in refused)
         result.dead_letters += count
         result.ops[Op.TRUNCATE.value] -= count
@@ -1051,7 +1050,7 @@ class Pipeline:
             if row["bad"] and not left_out:
                 continue
             if row[model.TABLE] is not None:
-                table = ("excluded" if left_out else "table", row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+                table = ("excluded" if left_out else "table", *_ident_of(row))
                 tables.setdefault(table, _Totals()).add(row)
             if not row["bad"]:
                 streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).add(row)
@@ -1119,10 +1118,14 @@ def _clears_tables(ops: Mapping[str, int]) -> bool:
     return bool(ops.get(Op.TRUNCATE.value) or ops.get(Op.DDL.value))
 
 
+def _ident_of(row: Row) -> tuple[str | None, str | None, str]:
+    """(database, schema, table) of a summary row (the table is None for events of no table)."""
+    return row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]
+
+
 def _table_id_of(row: Row) -> str | None:
     """:func:`cdclake.apply.table_id` of a summary row's table; None for events of no table."""
-    table = row[model.TABLE]
-    return None if table is None else apply.table_id_of(row[model.DATABASE], row[model.SCHEMA], table)
+    return None if row[model.TABLE] is None else apply.table_id_of(*_ident_of(row))
 
 
 _Ordered = TypeVar("_Ordered", str, int)
