@@ -36,6 +36,12 @@ def test_good_config_defaults() -> None:
     assert config.tables.table_filter().selects_all
     tables = parse_config({**GOOD, "tables": {"include": ["shop.*"], "exclude": ["*.tmp_*"]}}).tables.table_filter()
     assert (tables.include, tables.exclude) == (("shop.*",), ("*.tmp_*",))
+    assert config.table_routes().rules == ()
+    routes = parse_config(
+        {**GOOD, "routes": [{"tables": "shop.orders_*", "to": "shop.orders"}, {"tables": ["*"], "to": "ods.{table}"}]}
+    ).table_routes()
+    assert routes.lake_name("shop", None, "orders_01") == ("shop", "orders")
+    assert routes.lake_name("crm", None, "customer") == ("ods", "customer")
 
 
 @pytest.mark.parametrize(
@@ -56,6 +62,11 @@ def test_good_config_defaults() -> None:
         (_with(tables={"include": ["shop..orders"]}), "tables.include", "`*` matches any characters"),
         (_with(tables={"exclude": "shop.*"}), "tables.exclude", "lists of `db.table`"),
         (_with(tables={"only": ["shop.*"]}), "tables.only", "spelling"),
+        (_with(routes=[{"tables": ["shop.*"], "to": "a.b.c"}]), "routes.0.to", "`db.table` or `table`"),
+        (_with(routes=[{"tables": ["shop..x"], "to": "x"}]), "routes.0.tables", "first rule that matches"),
+        (_with(routes=[{"tables": [], "to": "x"}]), "routes.0.tables", "placeholders"),
+        (_with(routes=[{"to": "x"}]), "routes.0.tables", "`tables`"),
+        (_with(routes={"shop.*": "x"}), "routes", "a list of rules"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:

@@ -20,6 +20,7 @@ from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import list_formats
 from cdclake.pipeline import PipelineSettings
 from cdclake.runner import replay
+from cdclake.tables import TableFilter, TableRoutes
 from tests.e2e.test_format_replay import typed
 from tests.formats.golden import CASES, message_bytes, read_jsonl
 
@@ -28,10 +29,17 @@ pytestmark = pytest.mark.spark
 MISFIT = "value of column qty (declared string) does not fit the lake table's type bigint"
 
 
-def stock(op: str, seq: int, before: dict[str, Any] | None, after: dict[str, Any] | None, qty_type: str) -> str:
+def stock(
+    op: str,
+    seq: int,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    qty_type: str,
+    table: str = "stock",
+) -> str:
     """A DataWorks message for inv.stock, whose messages carry no primary key (the pipeline configures `code`)."""
     columns = [{"name": "code", "type": "STRING"}, {"name": "qty", "type": qty_type}]
-    source = {"dbType": "MySQL", "dbName": "inv", "schemaName": None, "tableName": "stock"}
+    source = {"dbType": "MySQL", "dbName": "inv", "schemaName": None, "tableName": table}
     payload = {
         "before": before and {"dataColumn": before},
         "after": after and {"dataColumn": after},
@@ -49,9 +57,9 @@ def replay_lines(spark, lake: str, path: Path, lines: list[str]) -> None:  # typ
     replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], keys={"inv.stock": ["code"]})
 
 
-def widen_qty_to_string(spark, lake: str) -> None:  # type: ignore[no-untyped-def]
+def widen_qty_to_string(spark, lake: str, table: str = "inv/stock") -> None:  # type: ignore[no-untyped-def]
     """The operator's fix for the misfits: the lake column becomes a string, as the source column did."""
-    path = f"{lake}/inv/stock"
+    path = f"{lake}/{table}"
     table = spark.read.format("delta").load(path)
     widened = table.withColumn("qty", table["qty"].cast("string"))
     widened.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
@@ -134,6 +142,43 @@ def test_misfits_replayed_after_the_fix_apply_once_and_never_over_newer_rows(spa
     assert spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").count() == 3
     assert [(d.offset, d.failed_replays) for d in list_dead_letters(spark, lake).dead_letters] == [(2, 2)]
     assert outcomes(spark, lake) == [(0, "applied"), (1, "applied"), (2, "failed"), (2, "failed")]
+
+
+def test_a_routed_tables_dead_letters_land_where_its_rows_are(spark, lake, tmp_path: Path) -> None:
+    """Replayed with the pipeline's routes and table filter: a routed table's misfit lands in its routed lake table;
+    an excluded table's changes nothing and is resolved."""
+    routes = TableRoutes.of([(["inv.*"], "wh.{table}_all")])
+    keys = {"inv.stock": ["code"], "inv.tmp_stock": ["code"]}
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text(
+        "\n".join(
+            [
+                stock("INSERT", 1, None, {"code": "a", "qty": 1}, "LONG"),
+                stock("INSERT", 2, None, {"code": "t", "qty": 1}, "LONG", table="tmp_stock"),
+                stock("UPDATE_AFTER", 3, {"code": "a", "qty": "1"}, {"code": "a", "qty": "a dozen"}, "STRING"),
+                stock("UPDATE_AFTER", 4, {"code": "t", "qty": "1"}, {"code": "t", "qty": "x"}, "STRING", "tmp_stock"),
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    replay(
+        spark, lake=lake, format_name="dataworks-json", paths=[str(capture)], keys=keys, routes=routes, batch_lines=2
+    )
+    assert [d.reason for d in list_dead_letters(spark, lake).dead_letters] == [MISFIT, MISFIT]
+    for table in ("wh/stock_all", "wh/tmp_stock_all"):
+        widen_qty_to_string(spark, lake, table)
+
+    report = replay_dead_letters(spark, lake, routes=routes, tables=TableFilter.of(exclude=["inv.tmp_*"]))
+    assert (report.selected, report.applied, report.failures) == (2, 2, [])
+    assert sorted(report.changes) == [f"{lake}/wh/stock_all"]
+    rows = {
+        table: sorted((r["code"], str(r["qty"])) for r in read_table(f"{lake}/wh/{table}"))
+        for table in ("stock_all", "tmp_stock_all")
+    }
+    assert rows == {"stock_all": [("a", "a dozen")], "tmp_stock_all": [("t", "1")]}
+    assert not (Path(lake) / "inv").exists()
+    assert list_dead_letters(spark, lake).unresolved == 0
 
 
 def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spark, lake, tmp_path: Path) -> None:

@@ -19,6 +19,9 @@ Example::
     format: dataworks-json                         # default format of every topic
     topic_formats: {dw.legacy: dataworks-json}     # per-topic override
     tables: {include: ["shop.*", crm.customer], exclude: ["*.tmp_*"]}   # tables to land (globs; default all)
+    routes:                                        # lake table of a source table (default <database>/<table>)
+      - {tables: ["shop.orders_*"], to: shop.orders}          # merge shards into one lake table
+      - {tables: ["crm.*"], to: "ods.crm_{table}"}            # rename; placeholders {database} {schema} {table}
     keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
@@ -42,7 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdclake.exceptions import ConfigError, UnknownFormatError
-from cdclake.tables import TableFilter, check_pattern
+from cdclake.tables import TableFilter, TableRoutes, check_pattern, check_target
 
 SECRET_KEY = re.compile(r"password|secret|jaas|token|credential|(^|\.)key($|\.)|keystore|truststore", re.IGNORECASE)
 
@@ -59,6 +62,9 @@ FIXES: dict[str, str] = {
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
     "tables": 'use `tables: {include: [shop.*, crm.customer], exclude: ["*.tmp_*"]}`: lists of `db.table` '
     "(or `table`, `db.schema.table`) patterns where `*` matches any characters and `?` one",
+    "routes": 'use `routes: [{tables: ["shop.orders_*"], to: shop.orders}]`: a list of rules, each with `tables` '
+    "(patterns as in `tables.include`) and `to` (`db.table` or `table`, with `{database}`, `{schema}`, `{table}` "
+    "placeholders); the first rule that matches a table names its lake table",
     "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
     "sequence_by": "map `db.table`, `table` or `*` to the column that orders changes, e.g. `{shop.orders: version}`",
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
@@ -145,6 +151,14 @@ class DdlConfig(_Strict):
     tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
 
 
+def _checked_patterns(value: list[str]) -> list[str]:
+    for pattern in value:
+        problem = check_pattern(pattern)
+        if problem is not None:
+            raise ValueError(problem)
+    return value
+
+
 class TablesConfig(_Strict):
     """Which source tables land in the lake (cdclake.tables): glob patterns; every table when ``include`` is empty."""
 
@@ -154,14 +168,35 @@ class TablesConfig(_Strict):
     @field_validator("include", "exclude")
     @classmethod
     def _patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            problem = check_pattern(pattern)
-            if problem is not None:
-                raise ValueError(problem)
-        return value
+        return _checked_patterns(value)
 
     def table_filter(self) -> TableFilter:
         return TableFilter.of(self.include, self.exclude)
+
+
+class RouteConfig(_Strict):
+    """One ``routes`` rule (cdclake.tables.TableRoute): the tables matching ``tables`` land in lake table ``to``."""
+
+    tables: list[str] = Field(min_length=1)
+    to: str
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("tables")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return _checked_patterns(value)
+
+    @field_validator("to")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        problem = check_target(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class HistoryTablesConfig(_Strict):
@@ -205,6 +240,7 @@ class PipelineConfig(_Strict):
     topic_formats: dict[str, str] = Field(default_factory=dict)
     format_options: dict[str, dict[str, str]] = Field(default_factory=dict)
     tables: TablesConfig = Field(default_factory=TablesConfig)
+    routes: list[RouteConfig] = Field(default_factory=list)
     keys: dict[str, list[str]] = Field(default_factory=dict)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     tombstone_retention_hours: float = Field(default=168.0, gt=0)
@@ -216,6 +252,9 @@ class PipelineConfig(_Strict):
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
     transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
     spark: dict[str, str] = Field(default_factory=dict)
+
+    def table_routes(self) -> TableRoutes:
+        return TableRoutes.of((rule.tables, rule.to) for rule in self.routes)
 
     @field_validator("keys")
     @classmethod

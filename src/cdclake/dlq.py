@@ -48,6 +48,7 @@ from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import local_frame
+from cdclake.tables import TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,8 @@ def replay_dead_letters(
     dry_run: bool = False,
     table_format: TableFormat = "delta",
     iceberg_catalog: str | None = None,
+    tables: TableFilter | None = None,
+    routes: TableRoutes | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
@@ -290,8 +293,11 @@ def replay_dead_letters(
         dry_run: only decode, and report which dead letters would go through and which still fail to decode;
             nothing is written.
         table_format, iceberg_catalog: the lake tables' format and, for Iceberg, their catalog (as the pipeline's).
+        tables, routes: which source tables land, and in which lake tables (give the pipeline's ``tables`` and
+            ``routes``; default every table, in ``<database>/<table>``). A dead letter of a table ``tables`` leaves
+            out changes nothing, as in the pipeline, and is recorded as applied (it is resolved).
     """
-    sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)
+    sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog, routes=routes)
     report = ReplayReport(replay_id=f"dlq-{uuid.uuid4()}", dry_run=dry_run)
     if format_name is not None:
         get_format(format_name)  # an unknown name stops here, with the known ones
@@ -330,6 +336,8 @@ def replay_dead_letters(
             default_format=name,
             format_options={name: dict(format_options or {})},
             keys={k: list(v) for k, v in (keys or {}).items()},
+            tables=tables or TableFilter(),
+            routes=routes or TableRoutes(),
             name="dlq-replay",
             table_format=table_format,
             iceberg_catalog=iceberg_catalog,

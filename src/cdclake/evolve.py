@@ -71,6 +71,27 @@ def _table_id(name: TableName) -> str:
     return apply.table_id_of(*_ident(name))
 
 
+def schema_events(frame: DataFrame) -> list[SchemaEvent]:
+    """The rows of ``frame`` (a few DDL or TRUNCATE events) as unclassified :class:`SchemaEvent`, in their order."""
+    rows = frame.select(
+        model.DATABASE,
+        model.SCHEMA,
+        model.TABLE,
+        model.OP,
+        model.VENDOR_OP,
+        model.DDL,
+        model.DB_TYPE,
+        model.POSITION,
+        model.EVENT_TIME,
+        model.TOPIC,
+        model.PARTITION,
+        model.OFFSET,
+        model.SUB_INDEX,
+        apply.effective_order(frame).alias("order"),
+    ).collect()
+    return sorted((SchemaEvent(row.asDict(), row["order"]) for row in rows), key=lambda e: e.order)
+
+
 CLEARING_KINDS: Final = frozenset({"truncate", "drop_table", "rename_table"})
 """Changes that delete the lake rows of their table (a renamed table's rows move to the new name)."""
 
@@ -116,28 +137,7 @@ class SchemaEvolution:
 
     def collect(self, good: DataFrame) -> list[SchemaEvent]:
         """The batch's DDL and TRUNCATE events, parsed and classified (policy ``fail`` raises here)."""
-        op = F.col(model.OP)
-        rows = (
-            good.where(op.isin(Op.DDL.value, Op.TRUNCATE.value))
-            .select(
-                model.DATABASE,
-                model.SCHEMA,
-                model.TABLE,
-                model.OP,
-                model.VENDOR_OP,
-                model.DDL,
-                model.DB_TYPE,
-                model.POSITION,
-                model.EVENT_TIME,
-                model.TOPIC,
-                model.PARTITION,
-                model.OFFSET,
-                model.SUB_INDEX,
-                apply.effective_order(good).alias("order"),
-            )
-            .collect()
-        )
-        events = sorted((SchemaEvent(row.asDict(), row["order"]) for row in rows), key=lambda e: e.order)
+        events = schema_events(good.where(F.col(model.OP).isin(Op.DDL.value, Op.TRUNCATE.value)))
         for event in events:
             self._classify(event)
         return events
@@ -175,7 +175,7 @@ class SchemaEvolution:
             event.parsed = ParsedDdl(ignored="table excluded")
             return
         for change in parsed.changes:
-            other = self.shared_with(*_ident(change.table)) if change.kind in CLEARING_KINDS else None
+            other = self.shared_with(*_ident(change.table)) if self.clears(change) else None
             if other is not None:
                 name = ".".join(part for part in _ident(change.table) if part)
                 problem = f"the lake table of {name} also holds the rows of {other}, which {change.kind} would delete"
@@ -188,6 +188,12 @@ class SchemaEvolution:
         if policies == {"ignore"}:
             event.outcome = "not applied: policy ignore"
             event.parsed = ParsedDdl(ignored="policy ignore")
+
+    def clears(self, change: SchemaChange) -> bool:
+        """Whether ``change`` deletes the rows of its table's lake table (a rename within one lake table does not)."""
+        if change.kind == "rename_table" and change.new_table is not None:
+            return self.sink.table_path(*_ident(change.table)) != self.sink.table_path(*_ident(change.new_table))
+        return change.kind in CLEARING_KINDS
 
     def _check_fail(self, table: TableName, ddl: str, problem: str | None) -> None:
         if self.policy_for(table) != "fail":
@@ -247,6 +253,9 @@ class SchemaEvolution:
         if kind == "rename_table":
             assert change.new_table is not None
             target = _ident(change.new_table)
+            if sink.table_path(*target) == sink.table_path(*ident):
+                # Routes send both names to one lake table (shards renamed within their pattern): the rows stay.
+                return "nothing to do: both names land in the same lake table"
             if sink.columns(*target) is None:
                 plan = self._plan(change.new_table, None)
                 plan.columns = list(columns)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from cdclake.exceptions import InputError
 from cdclake.sinks import TableFormat, lake_sink
@@ -66,22 +67,29 @@ def maintain_lake(
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)
     done: list[MaintainedTable] = []
     progress = sink.read_system("progress")
+    # Where each source table's rows went: recorded since routes exist (lake_table), else the default path.
+    lake_table = F.col("lake_table") if progress is not None and "lake_table" in progress.columns else F.lit(None)
     sources = (
         []
         if progress is None
-        else progress.where("scope = 'table'").select("database", "schema", "table").distinct().collect()
+        else progress.where("scope = 'table'")
+        .select("database", "schema", "table", lake_table.cast("string").alias("lake_table"))
+        .distinct()
+        .collect()
     )
-    seen: set[str] = set()  # source tables of two schemas may share a lake table (README: What lands in the lake)
-    for database, schema, table in sorted(sources, key=lambda row: tuple(part or "" for part in row)):
+    # Several source tables may share a lake table (routes, or one name in two schemas: README "What lands in the
+    # lake"), and a table may have moved (a route changed): each lake table once.
+    seen: set[str] = set()
+    for database, schema, table, relative in sorted(sources, key=lambda row: tuple(part or "" for part in row)):
         name = ".".join(part for part in (database, schema, table) if part)
-        path = sink.table_path(database, schema, table)
+        path = f"{sink.lake}/{relative}" if relative else sink.table_path(database, schema, table)
         if path in seen:
             continue
         seen.add(path)
-        if sink.columns(database, schema, table) is not None:
+        if sink.table_schema(path) is not None:
             done.append(MaintainedTable("lake", name, path, table_format, sink.expire(path, retain_hours)))
         for kind in (CHANGELOG_DIR, SCD2_DIR):
-            history_path = sink.history_path(kind, database, schema, table)
+            history_path = sink.history_path_of(kind, path)
             if sink.table_schema(history_path) is not None:
                 removed = sink.expire(history_path, retain_hours)
                 done.append(MaintainedTable(kind, name, history_path, table_format, removed))

@@ -38,7 +38,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
-from cdclake.evolve import CLEARING_KINDS, Policy, SchemaEvent, SchemaEvolution, SharedWith, shares_nothing
+from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution, SharedWith, schema_events, shares_nothing
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -51,7 +51,7 @@ from cdclake.model import Op
 from cdclake.sinks import TableFormat, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
-from cdclake.tables import TableFilter
+from cdclake.tables import TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ class PipelineSettings:
         format_options: format name -> its options.
         tables: the source tables that land in the lake (see cdclake.tables); the events of the others are only
             counted, in the progress rows of scope ``excluded``.
+        routes: the lake table each source table lands in (see cdclake.tables.TableRoutes; default
+            ``<database>/<table>``). Events, progress and per-table settings keep the source names.
         keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
@@ -149,6 +151,7 @@ class PipelineSettings:
     topic_formats: Mapping[str, str] = field(default_factory=dict)
     format_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     tables: TableFilter = field(default_factory=TableFilter)
+    routes: TableRoutes = field(default_factory=TableRoutes)
     keys: Mapping[str, Sequence[str]] = field(default_factory=dict)
     tombstone_retention_seconds: int = 7 * 24 * 3600
     name: str = "cdclake"
@@ -255,6 +258,7 @@ class Pipeline:
             settings.table_format,
             deletion_vectors=settings.deletion_vectors,
             iceberg_catalog=settings.iceberg_catalog,
+            routes=settings.routes,
         )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
@@ -400,11 +404,14 @@ class Pipeline:
         self._note_landed(summary, excluded)
         shared_with = self._shared_with(summary, excluded) if _clears_tables(result.ops) else shares_nothing
         self.evolution.shared_with = shared_with
+        refused: list[SchemaEvent] = []
         if result.ops.get(Op.TRUNCATE.value):
-            events, summary = self._refuse_shared_truncates(events, summary, shared_with, batch_id, txn, result)
+            events, summary, refused = self._refuse_shared_truncates(
+                events, summary, shared_with, batch_id, txn, result
+            )
         small = result.messages <= SMALL_BATCH_MESSAGES
         with session_settings(self.spark, SMALL_BATCH_SETTINGS if small else {}):
-            self._apply_summarised(events, summary, excluded, batch_id, txn, result)
+            self._apply_summarised(events, summary, excluded, refused, batch_id, txn, result)
         log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
 
@@ -462,10 +469,11 @@ class Pipeline:
         batch_id: int,
         txn: Txn | None,
         result: BatchResult,
-    ) -> tuple[DataFrame, list[Row]]:
+    ) -> tuple[DataFrame, list[Row], list[SchemaEvent]]:
         """TRUNCATE events of a source table whose lake table also holds another source table's rows become dead
         letters: the lake rows do not say which source table wrote them, so the truncate would delete the other
-        table's rows too."""
+        table's rows too. Returns the other events, the summary with the refused ones marked bad, and the refused
+        ones to record in ``schema_changes`` (with the reason as their outcome)."""
         reasons: dict[str, str] = {}
         refused: list[Row] = []
         for row in summary:
@@ -480,40 +488,49 @@ class Pipeline:
                     )
                     refused.append(row)
         if not reasons:
-            return events, list(summary)
+            return events, list(summary), []
         table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
         reason: Column = F.lit(None).cast("string")
         for refused_id, text in reasons.items():
             reason = F.when(table_id == F.lit(refused_id), F.lit(text)).otherwise(reason)
         reason = F.when(F.col(model.OP) == Op.TRUNCATE.value, reason)
-        self._dead_letters(events.where(reason.isNotNull()), reason, batch_id, _sub_txn(txn, "shared"))
+        refused_events = events.where(reason.isNotNull())
+        self._dead_letters(refused_events, reason, batch_id, _sub_txn(txn, "shared"))
+        recorded = schema_events(refused_events)
+        for event in recorded:
+            ident = event.row[model.DATABASE], event.row[model.SCHEMA], event.row[model.TABLE]
+            event.outcome = f"dead letter: {reasons[apply.table_id_of(*ident)]}"
         count = sum(row["n"] for row in refused)
         result.dead_letters += count
         result.ops[Op.TRUNCATE.value] -= count
         marked = [Row(**{**row.asDict(), "bad": True}) if row in refused else row for row in summary]
-        return events.where(reason.isNull()), marked
+        return events.where(reason.isNull()), marked, recorded
 
     def _apply_summarised(
         self,
         events: DataFrame,
         summary: Sequence[Row],
         excluded: set[str],
+        refused: Sequence[SchemaEvent],
         batch_id: int,
         txn: Txn | None,
         result: BatchResult,
     ) -> None:
-        """Everything after decoding: dead letters, DDL, row changes, history, bookkeeping and progress."""
+        """Everything after decoding: dead letters, DDL, row changes, history, bookkeeping and progress.
+        ``refused``: TRUNCATE events already dead-lettered, to record in ``schema_changes`` with the rest."""
         if result.dead_letters:
             self._dead_letters(events.where(F.col(model.ERROR).isNotNull()), F.col(model.ERROR), batch_id, txn)
         good = events.where(F.col(model.ERROR).isNull())
 
-        schema_events: list[SchemaEvent] = []
+        collected: list[SchemaEvent] = []
         if result.ops.get(Op.DDL.value) or result.ops.get(Op.TRUNCATE.value):
             with result.timed("ddl"):
-                schema_events = self.evolution.collect(good)
-        self._apply_around_ddl(good, [e for e in schema_events if e.changes], batch_id, txn, result)
-        if schema_events:
-            self._schema_changes(good, schema_events, batch_id, txn, result)
+                collected = self.evolution.collect(good)
+        steps = [e for e in collected if e.changes]
+        self._apply_around_ddl(good, steps, self._sharing_lake_tables(summary, steps), batch_id, txn, result)
+        if collected or refused:
+            recorded = sorted([*collected, *refused], key=lambda e: e.order)
+            self._schema_changes(good, recorded, batch_id, txn, result)
         with result.timed("bookkeeping"):
             self._bookkeeping.join()
         with result.timed("progress"):
@@ -522,17 +539,38 @@ class Pipeline:
             with result.timed("expire_tombstones"):
                 self.sink.expire_tombstones(self.settings.tombstone_retention_seconds)
 
+    def _sharing_lake_tables(self, summary: Sequence[Row], steps: Sequence[SchemaEvent]) -> set[str]:
+        """The tables that the batch's DDL ``steps`` change, by :func:`cdclake.apply.table_id`, with the batch's other
+        source tables that land in the same lake tables (``routes``, one name in several schemas)."""
+        if not steps:
+            return set()
+        changed = SchemaEvolution.affected_table_ids(steps)
+        paths = {self.sink.table_path(*apply.split_table_id(table_id)) for table_id in changed}
+        sharing = {
+            apply.table_id_of(*ident)
+            for ident in {_ident_of(row) for row in summary if row[model.TABLE] is not None}
+            if self.sink.table_path(*ident) in paths
+        }
+        return changed | sharing
+
     def _apply_around_ddl(
-        self, good: DataFrame, steps: Sequence[SchemaEvent], batch_id: int, txn: Txn | None, result: BatchResult
+        self,
+        good: DataFrame,
+        steps: Sequence[SchemaEvent],
+        affected_ids: set[str],
+        batch_id: int,
+        txn: Txn | None,
+        result: BatchResult,
     ) -> None:
-        """Applies the batch's row events; for tables a DDL statement of the batch changes, in segments: the rows
-        ordered before the statement, the statement, the rows after it (each step with its own commit marker)."""
+        """Applies the batch's row events; for the ``affected_ids`` tables, whose lake tables a DDL statement of the
+        batch changes, in segments: the rows ordered before the statement, the statement, the rows after it (each
+        step with its own commit marker)."""
         if not steps:
             self._apply_events(good, batch_id, txn, result)
             return
         order = apply.effective_order(good)
         affected = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).isin(
-            *SchemaEvolution.affected_table_ids(steps)
+            *sorted(affected_ids)
         )
         self._apply_events(good.where(~affected), batch_id, txn, result)
         lower: str | None = None
@@ -582,7 +620,7 @@ class Pipeline:
         changelog logs it. Formats whose messages carry TRUNCATE as an op of their own reach the history directly."""
         if not (self.settings.changelog or self.settings.scd2):
             return
-        cleared = [c.table for c in step.changes if c.kind in CLEARING_KINDS]
+        cleared = [c.table for c in step.changes if self.evolution.clears(c)]
         if not cleared:
             return
         statement = good.where((F.col(model.OP) == Op.DDL.value) & (apply.effective_order(good) == F.lit(step.order)))
@@ -1055,9 +1093,10 @@ class Pipeline:
             if not row["bad"]:
                 streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).add(row)
         rows = [
-            (*table, None, None, None, *totals.figures(), totals.last_position) for table, totals in tables.items()
+            (*table, None, None, None, *totals.figures(), totals.last_position, self._lake_table(table))
+            for table, totals in tables.items()
         ] + [
-            ("stream", None, None, None, *stream, totals.last_offset, *totals.figures(), None)
+            ("stream", None, None, None, *stream, totals.last_offset, *totals.figures(), None, None)
             for stream, totals in streams.items()
         ]
         frame = local_frame(self.spark, rows, _PROGRESS_ROLLUP).select(
@@ -1075,13 +1114,20 @@ class Pipeline:
             "ops",
             "last_position",
             F.timestamp_micros("last_event_micros").alias("last_event_time"),
+            "lake_table",
         )
         self.sink.append(PROGRESS, frame, txn)
+
+    def _lake_table(self, table: tuple[str, str | None, str | None, str]) -> str | None:
+        """``<database>/<table>`` of a progress row's lake table, relative to the lake (``routes`` may name it
+        differently from the source table): what ``cdclake maintain`` looks after. None for excluded tables."""
+        scope, database, schema, name = table
+        return "/".join(self.sink.lake_names(database, schema, name)) if scope == "table" else None
 
 
 _PROGRESS_ROLLUP = (
     "scope string, database string, schema string, table string, topic string, partition int, last_offset bigint, "
-    "events bigint, ops map<string,bigint>, last_event_micros bigint, last_position string"
+    "events bigint, ops map<string,bigint>, last_event_micros bigint, last_position string, lake_table string"
 )
 
 

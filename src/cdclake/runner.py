@@ -18,7 +18,7 @@ from cdclake.sinks import TableFormat
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
-from cdclake.tables import TableFilter
+from cdclake.tables import TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         topic_formats=dict(config.topic_formats),
         format_options={k: dict(v) for k, v in config.format_options.items()},
         tables=config.tables.table_filter(),
+        routes=config.table_routes(),
         keys={k: list(v) for k, v in config.keys.items()},
         tombstone_retention_seconds=int(config.tombstone_retention_hours * 3600),
         name=config.name,
@@ -196,6 +197,7 @@ def replay(
     keys: Mapping[str, Sequence[str]] | None = None,
     format_options: Mapping[str, str] | None = None,
     tables: TableFilter | None = None,
+    routes: TableRoutes | None = None,
     batch_lines: int = 1_000_000,
     on_batch: BatchCallback | None = None,
     ddl_policy: Policy = "evolve",
@@ -210,7 +212,8 @@ def replay(
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
-    ``tables`` selects the source tables that land (see cdclake.tables; default all);
+    ``tables`` selects the source tables that land (see cdclake.tables; default all), ``routes`` their lake tables
+    (default ``<database>/<table>``);
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
@@ -227,6 +230,7 @@ def replay(
         default_format=format_name,
         format_options={format_name: dict(format_options or {})},
         tables=tables or TableFilter(),
+        routes=routes or TableRoutes(),
         keys={k: list(v) for k, v in (keys or {}).items()},
         name="replay",
         ddl_policy=ddl_policy,

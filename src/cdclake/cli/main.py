@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdclake.exceptions import CdclakeError, ConfigError, InputError
-from cdclake.tables import TableFilter, check_pattern
+from cdclake.tables import TableFilter, TableRoutes, check_pattern, check_target
 
 if TYPE_CHECKING:
     from cdclake.dlq import DeadLetter, DeadLetterFilter
@@ -78,6 +78,19 @@ def _table_filter(include: list[str], exclude: list[str]) -> TableFilter:
     return TableFilter.of(include, exclude)
 
 
+def _table_routes(values: list[str]) -> TableRoutes:
+    """``--route PATTERN=TARGET`` values, in order (the first matching rule names a table's lake table)."""
+    rules: list[tuple[list[str], str]] = []
+    for value in values:
+        pattern, sep, target = value.partition("=")
+        problem = check_pattern(pattern.strip()) if sep else "expected PATTERN=TARGET"
+        problem = problem or check_target(target.strip())
+        if problem is not None:
+            raise InputError(f"--route {value!r}: {problem}, e.g. --route 'shop.orders_*=shop.orders'")
+        rules.append(([pattern.strip()], target.strip()))
+    return TableRoutes.of(rules)
+
+
 def _table_selection(values: list[str]) -> bool | list[str]:
     """``--changelog``/``--scd2`` values: ``all`` selects every table; otherwise the table names."""
     if any(value.strip().lower() == "all" for value in values):
@@ -95,6 +108,23 @@ def _parse_options(values: list[str]) -> dict[str, str]:
             )
         options[name.strip()] = setting
     return options
+
+
+IncludeTableOption = Annotated[
+    list[str] | None,
+    typer.Option(help="Land only tables matching this pattern (db.table, * and ? wildcards); repeatable."),
+]
+ExcludeTableOption = Annotated[
+    list[str] | None,
+    typer.Option(help="Leave out tables matching this pattern (db.table, * and ? wildcards); repeatable."),
+]
+RouteOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Land the tables matching PATTERN in lake table TARGET: PATTERN=TARGET, TARGET db.table or table, "
+        "with {database} {schema} {table} placeholders; repeatable, the first match wins."
+    ),
+]
 
 
 @app.command()
@@ -124,14 +154,9 @@ def replay(
         list[str] | None,
         typer.Option(help="Key columns for a table whose messages carry none: db.table=c1,c2"),
     ] = None,
-    include_table: Annotated[
-        list[str] | None,
-        typer.Option(help="Land only tables matching this pattern (db.table, * and ? wildcards); repeatable."),
-    ] = None,
-    exclude_table: Annotated[
-        list[str] | None,
-        typer.Option(help="Leave out tables matching this pattern (db.table, * and ? wildcards); repeatable."),
-    ] = None,
+    include_table: IncludeTableOption = None,
+    exclude_table: ExcludeTableOption = None,
+    route: RouteOption = None,
     batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
     ddl_policy: Annotated[
         str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
@@ -182,6 +207,7 @@ def replay(
 
     key_map = _parse_keys(keys or [])
     tables = _table_filter(include_table or [], exclude_table or [])
+    routes = _table_routes(route or [])
     format_options = _parse_options(option or [])
     sequence_map = _parse_sequence_by(sequence_by or [])
     if format_name != "auto":
@@ -202,6 +228,7 @@ def replay(
             encoding=input_encoding,  # type: ignore[arg-type]
             keys=key_map,
             tables=tables,
+            routes=routes,
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
             transaction_consistent=transaction_consistent,
@@ -383,6 +410,9 @@ def dlq_replay(
     option: Annotated[
         list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
     ] = None,
+    include_table: IncludeTableOption = None,
+    exclude_table: ExcludeTableOption = None,
+    route: RouteOption = None,
     pipeline: PipelineOption = None,
     topic: TopicOption = None,
     table: TableOption = None,
@@ -400,6 +430,8 @@ def dlq_replay(
 
     key_map = _parse_keys(keys or [])
     options = _parse_options(option or [])
+    tables = _table_filter(include_table or [], exclude_table or [])
+    routes = _table_routes(route or [])
     _check_table_format(table_format, iceberg_catalog)
     if format_name is not None:
         get_format(format_name)
@@ -411,6 +443,8 @@ def dlq_replay(
             format_name=format_name,
             keys=key_map,
             format_options=options,
+            tables=tables,
+            routes=routes,
             filters=filters,
             dry_run=dry_run,
             table_format=table_format,  # type: ignore[arg-type]

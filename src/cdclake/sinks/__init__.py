@@ -8,6 +8,7 @@ from typing import Final, Literal, get_args
 from pyspark.sql import SparkSession
 
 from cdclake.sinks.delta import DeletionVectors, DeltaSink
+from cdclake.tables import TableRoutes
 
 TableFormat = Literal["delta", "iceberg"]
 """The table format of a lake's tables (its bookkeeping tables under ``_cdclake`` are Delta either way)."""
@@ -21,6 +22,7 @@ def lake_sink(
     *,
     deletion_vectors: DeletionVectors = "auto",
     iceberg_catalog: str | None = None,
+    routes: TableRoutes | None = None,
 ) -> DeltaSink:
     """The sink of a lake whose tables are in ``table_format``.
 
@@ -28,11 +30,13 @@ def lake_sink(
         deletion_vectors: Delta only (:class:`~cdclake.sinks.delta.DeltaSink`).
         iceberg_catalog: Iceberg only: a Spark catalog of the session for the lake tables, instead of a Hadoop
             catalog at ``lake`` (:class:`~cdclake.sinks.iceberg.IcebergSink`).
+        routes: which lake table each source table lands in (:class:`~cdclake.tables.TableRoutes`; default
+            ``<database>/<table>``).
     """
     if table_format == "iceberg":
         from cdclake.sinks.iceberg import IcebergSink
 
-        return IcebergSink(spark, lake, iceberg_catalog)
+        return IcebergSink(spark, lake, iceberg_catalog, routes)
     if table_format != "delta":
         raise ValueError(f"table_format must be one of {', '.join(TABLE_FORMATS)}, not {table_format!r}")
-    return DeltaSink(spark, lake, deletion_vectors)
+    return DeltaSink(spark, lake, deletion_vectors, routes)

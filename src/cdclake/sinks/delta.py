@@ -37,6 +37,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.spark import local_frame, session_settings
+from cdclake.tables import TableRoutes
 
 POSITION_COLUMN: Final = "_cdc_position"
 """Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
@@ -369,13 +370,20 @@ class DeltaSink:
     DELETION_VECTORS_RECENT_COMMITS: int = 10
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
 
-    def __init__(self, spark: SparkSession, lake: str, deletion_vectors: DeletionVectors = "auto") -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        lake: str,
+        deletion_vectors: DeletionVectors = "auto",
+        routes: TableRoutes | None = None,
+    ) -> None:
         if deletion_vectors not in DELETION_VECTOR_MODES:
             raise ValueError(f"deletion_vectors must be one of {', '.join(DELETION_VECTOR_MODES)}")
         self.spark = spark
         self.lake = lake.rstrip("/")
         self.system_dir = f"{self.lake}/_cdclake"
         self.deletion_vectors = deletion_vectors
+        self.routes = routes or TableRoutes()
         # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
         self._columns: dict[str, list[tuple[str, str]]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's), the paths to switch
@@ -390,9 +398,15 @@ class DeltaSink:
     # ---------------------------------------------------------------------------------------------------------
     # Paths
 
+    def lake_names(self, database: str | None, schema: str | None, table: str) -> tuple[str, str]:
+        """The path-safe (database, table) names of a source table's lake table: its :attr:`routes` target, by default
+        its database (sources without a database name use their schema, else ``default``) and table."""
+        lake_database, lake_table = self.routes.lake_name(database, schema, table)
+        return safe_name(lake_database), safe_name(lake_table)
+
     def table_path(self, database: str | None, schema: str | None, table: str) -> str:
-        """``<lake>/<database>/<table>``; sources without a database name use their schema, else ``default``."""
-        return f"{self.lake}/{safe_name(database or schema)}/{safe_name(table)}"
+        """``<lake>/<database>/<table>`` (see :meth:`lake_names`)."""
+        return "/".join((self.lake, *self.lake_names(database, schema, table)))
 
     def system_path(self, name: str) -> str:
         return f"{self.system_dir}/{name}"
@@ -721,9 +735,13 @@ class DeltaSink:
     # History tables (cdclake.sinks.history): stored like this sink's lake tables, known by path
 
     def history_path(self, kind: str, database: str | None, schema: str | None, table: str) -> str:
-        """``<lake>/_cdclake/<kind>/<database>/<table>``: beside the bookkeeping, where no source table can be."""
-        relative = self.table_path(database, schema, table).removeprefix(self.lake + "/")
-        return self.system_path(f"{kind}/{relative}")
+        """The ``kind`` history table of a source table (see :meth:`history_path_of`)."""
+        return self.history_path_of(kind, self.table_path(database, schema, table))
+
+    def history_path_of(self, kind: str, table_path: str) -> str:
+        """``<lake>/_cdclake/<kind>/<database>/<table>`` for the lake table at ``table_path``: beside the
+        bookkeeping, where no source table can be."""
+        return self.system_path(f"{kind}/{table_path.removeprefix(self.lake + '/')}")
 
     def table_schema(self, path: str) -> StructType | None:
         """The schema of the table at ``path``, or ``None`` if there is none."""

@@ -47,9 +47,9 @@ from cdclake.sinks.delta import (
     Txn,
     merge_statement,
     quote,
-    safe_name,
     sql_string,
 )
+from cdclake.tables import TableRoutes
 
 MARKER_PREFIX: Final = "cdclake.txn."
 """Snapshot summary property of a batch's commit: ``cdclake.txn.<app id>`` = the batch id."""
@@ -100,8 +100,10 @@ class IcebergSink(DeltaSink):
     """A table's data files are rewritten, deletes applied, after one in this many of its MERGEs by this sink (the
     count Delta's auto compaction waits for, ``spark.databricks.delta.autoCompact.minNumFiles``)."""
 
-    def __init__(self, spark: SparkSession, lake: str, catalog: str | None = None) -> None:
-        super().__init__(spark, lake, deletion_vectors="never")
+    def __init__(
+        self, spark: SparkSession, lake: str, catalog: str | None = None, routes: TableRoutes | None = None
+    ) -> None:
+        super().__init__(spark, lake, deletion_vectors="never", routes=routes)
         if catalog is None:
             catalog = "cdclake_" + hashlib.sha1(self.lake.encode("utf-8")).hexdigest()[:12]
             prefix = f"spark.sql.catalog.{catalog}"
@@ -132,8 +134,8 @@ class IcebergSink(DeltaSink):
         namespace, table = path.removeprefix(self.lake + "/").split("/")
         return namespace, table
 
-    def _namespace(self, database: str | None, schema: str | None) -> str:
-        return f"{quote(self.catalog)}.{quote(safe_name(database or schema))}"
+    def _namespace(self, database: str | None, schema: str | None, table: str) -> str:
+        return f"{quote(self.catalog)}.{quote(self.lake_names(database, schema, table)[0])}"
 
     def identifier(self, database: str | None, schema: str | None, table: str) -> str:
         """The table's quoted Spark SQL name: ``catalog.namespace.table``."""
@@ -208,7 +210,7 @@ class IcebergSink(DeltaSink):
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
         if not self._user_table_exists(path):
-            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema)}")
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema, plan.table)}")
             columns = [*plan.columns, *METADATA_COLUMNS]
             properties = {
                 **TABLE_PROPERTIES,
@@ -417,11 +419,12 @@ class IcebergSink(DeltaSink):
     # ---------------------------------------------------------------------------------------------------------
     # History tables (cdclake.sinks.history)
 
-    def history_path(self, kind: str, database: str | None, schema: str | None, table: str) -> str:
+    def history_path_of(self, kind: str, table_path: str) -> str:
         """``<lake>/<namespace>/_<kind>_<table>``: table ``_<kind>_<table>`` beside the lake table, in its namespace.
         One level of namespace, as every catalog has (Glue and Hive have no nested ones); no source table's name
         starts with ``_`` (:func:`~cdclake.sinks.delta.safe_name`)."""
-        return f"{self.lake}/{safe_name(database or schema)}/_{kind}_{safe_name(table)}"
+        namespace, lake_table = self._names(table_path)
+        return f"{self.lake}/{namespace}/_{kind}_{lake_table}"
 
     def table_schema(self, path: str) -> StructType | None:
         return self.spark.table(self._identifier_of(path)).schema if self._user_table_exists(path) else None
