@@ -172,3 +172,21 @@ def test_keyless_row_key_ignores_declared_nulls_and_column_order(spark) -> None:
     assert len({keys[0], keys[3], keys[4]}) == 3
     by_id = frame.select(apply.key_of(F.col("image"), F.array(F.lit("id")))).collect()
     assert {row[0] for row in by_id[:2]} == {'["1"]'}
+
+
+def test_tables_sharing_a_merge_keep_the_latest_change_of_a_key(spark) -> None:
+    """Routed shards share one MERGE (apply.latest_per_key): their keys should be disjoint; a key in two of them
+    keeps the change of the highest order, whichever table sent it, as merging the tables in turn would."""
+    events = [
+        _event("INSERT", "0002", 0, after={"id": "1", "a": "shard-0", "b": None}, table="orders_0"),
+        _event("INSERT", "0001", 1, after={"id": "1", "a": "shard-1", "b": None}, table="orders_1"),
+        _event("INSERT", "0003", 2, after={"id": "2", "a": "shard-1", "b": None}, table="orders_1"),
+        _event("DELETE", "0004", 3, before={"id": "3", "a": "x", "b": None}, table="orders_0"),
+    ]
+    frame = spark.createDataFrame(events, model.CANONICAL_SCHEMA)
+    latest = apply.latest_per_key(apply.fold(apply.row_changes(frame))).collect()
+    assert sorted((r[apply.ROW_KEY], r[apply.KIND], r[apply.IMAGE].get("a"), r[apply.TABLE_ID]) for r in latest) == [
+        ('["1"]', "UPSERT", "shard-0", apply.table_id_of("d", None, "orders_0")),
+        ('["2"]', "UPSERT", "shard-1", apply.table_id_of("d", None, "orders_1")),
+        ('["3"]', "DELETE", "x", apply.table_id_of("d", None, "orders_0")),
+    ]

@@ -487,6 +487,11 @@ def test_table_selection_by_database_schema_or_table_name() -> None:
     assert not is_selected(["crm.EMP", "ORCL.SALES.X"], oracle)
     assert is_selected(["crm.customer"], mysql)
     assert not is_selected(["shop.customer"], mysql)
+    # glob patterns, as in `tables` (the shards that routes merge into one lake table)
+    shard = TablePlan("z", "shop", None, "orders_07", [], [])
+    assert is_selected(["shop.orders_*"], shard)
+    assert is_selected(["shop.orders_??"], shard)
+    assert not is_selected(["shop.orders_?", "crm.*"], shard)
 
 
 def _event(op: str, position: int, columns: dict[str, str], before=None, after=None) -> dict[str, Any]:

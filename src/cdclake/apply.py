@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from cdclake import model
@@ -246,6 +246,14 @@ def fold(changes: DataFrame) -> DataFrame:
         ROW_KEY,
         *(F.col("f")[name].alias(name) for name in (KIND, IMAGE, PARTIAL, ORDER, model.EVENT_TIME, model.KEY_COLUMNS)),
     )
+
+
+def latest_per_key(folded: DataFrame) -> DataFrame:
+    """Folded changes of several source tables that share a lake table (one MERGE for them all): per row key, the
+    latest by order. Their keys should not overlap; when they do, the latest change wins, as it would if each
+    table's changes were merged in turn (the MERGE keeps the row of the highest order)."""
+    latest = Window.partitionBy(ROW_KEY).orderBy(F.col(ORDER).desc(), F.col(TABLE_ID).desc())
+    return folded.withColumn("_rank", F.row_number().over(latest)).where(F.col("_rank") == 1).drop("_rank")
 
 
 @dataclass

@@ -41,7 +41,8 @@ class MaintainedTable:
 
     kind: TableKind
     name: str
-    """``db.table`` (source names) for lake and history tables; the table's name for bookkeeping tables."""
+    """``db.table`` (source names; for a lake table that ``routes`` named, ``db.table`` of the lake table, whose
+    path is its safe form) for lake and history tables; the table's name for bookkeeping tables."""
     path: str
     table_format: TableFormat
     removed_files: int
@@ -81,8 +82,10 @@ def maintain_lake(
     # lake"), and a table may have moved (a route changed): each lake table once.
     seen: set[str] = set()
     for database, schema, table, relative in sorted(sources, key=lambda row: tuple(part or "" for part in row)):
+        path = sink.table_path(database, schema, table)
         name = ".".join(part for part in (database, schema, table) if part)
-        path = f"{sink.lake}/{relative}" if relative else sink.table_path(database, schema, table)
+        if relative and f"{sink.lake}/{relative}" != path:  # routed (lake_table is the default path otherwise)
+            path, name = f"{sink.lake}/{relative}", relative.replace("/", ".")
         if path in seen:
             continue
         seen.add(path)

@@ -666,6 +666,22 @@ class Pipeline:
     def _in_turns(self, plans: Sequence[apply.TablePlan]) -> list[list[apply.TablePlan]]:
         return in_turns(plans, self._path_of, lambda plan: plan.table_id)
 
+    def _merge_units(self, plans: Sequence[apply.TablePlan]) -> list[list[apply.TablePlan]]:
+        """``plans`` grouped into one MERGE each: the plans of source tables that land in one lake table (routed
+        shards, one name in several schemas) together, when they have the same key columns and no TRUNCATE; every
+        other plan alone. Sharded tables then cost one MERGE per batch, not one per shard.
+
+        Decided from the plans only, so that a re-run of the batch makes the same commits (see in_turns)."""
+        units: dict[tuple[str, bool, tuple[str, ...]], list[apply.TablePlan]] = {}
+        for plan in sorted(plans, key=lambda p: p.table_id):
+            unit: tuple[str, bool, tuple[str, ...]]
+            if plan.truncate_order:
+                unit = (self._path_of(plan), False, (plan.table_id,))
+            else:
+                unit = (self._path_of(plan), True, tuple(k.lower() for k in plan.key_columns))
+            units.setdefault(unit, []).append(plan)
+        return list(units.values())
+
     def _apply_rows(
         self,
         good: DataFrame,
@@ -700,22 +716,27 @@ class Pipeline:
                 .collect()
             }
         # Turns of every plan, not only those with changes: a re-run must give each plan the marker it had.
-        turns = self._in_turns(plans)
+        turns = in_turns(self._merge_units(plans), lambda unit: self._path_of(unit[0]), lambda unit: unit[0].table_id)
         with result.timed("merge"):
             for turn, same_turn in enumerate(turns):
-                for plan in same_turn:
+                for plan in (p for unit in same_turn for p in unit):
                     if plan.truncate_order:
                         self.sink.truncate(plan, turn_marker(txn, turn))
 
-            def merge(plan: apply.TablePlan) -> None:
-                table_changes = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
-                self.sink.merge(plan, table_columns[plan.table_id], table_changes)
+            def merge(unit: list[apply.TablePlan]) -> None:
+                if len(unit) == 1:
+                    table_changes = folded.where(F.col(apply.TABLE_ID) == unit[0].table_id)
+                else:
+                    ids = [plan.table_id for plan in unit]
+                    table_changes = apply.latest_per_key(folded.where(F.col(apply.TABLE_ID).isin(*ids)))
+                # The last of a unit's plans saw the lake table's columns last (_ensure_tables goes in its turns).
+                self.sink.merge(unit[0], table_columns[unit[-1].table_id], table_changes)
 
-            # One commit per table; tables are independent, so their MERGEs overlap (driver-side planning and
+            # One commit per lake table; tables are independent, so their MERGEs overlap (driver-side planning and
             # commit I/O dominate small batches). They share the batch's idempotency marker; source tables sharing a
-            # lake table take turns, each with a marker of its own (in_turns).
+            # lake table that cannot share its MERGE take turns, each with a marker of its own (in_turns).
             for turn, same_turn in enumerate(turns):
-                tables = [p for p in same_turn if p.table_id in stats]
+                tables = [unit for unit in same_turn if any(p.table_id in stats for p in unit)]
                 if not tables:
                     continue
                 with (

@@ -65,7 +65,7 @@ from cdclake.sinks.delta import (
     turn_marker,
 )
 from cdclake.spark import local_frame
-from cdclake.tables import table_names
+from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ SCD2_DIR: Final = "scd2"
 
 TableSelection = bool | Sequence[str]
 """Which tables get a history table: ``True`` every table, ``False`` none, or names (``db.table``, where ``db`` is
-the database or, for sources without one, the schema; ``db.schema.table``; or a bare ``table``)."""
+the database or, for sources without one, the schema; ``db.schema.table``; or a bare ``table``), which may be glob
+patterns as in ``tables.include`` (``shop.orders_*``: every shard that ``routes`` merge)."""
 
 # ----------------------------------------------------------------------------------------------------------------
 # Changelog columns, after the user columns. POSITION_COLUMN, EVENT_TIME_COLUMN and OP_COLUMN as in user tables.
@@ -147,7 +148,7 @@ def is_selected(selection: TableSelection, plan: TablePlan) -> bool:
     if isinstance(selection, bool):
         return selection
     names = [selection] if isinstance(selection, str) else list(selection)
-    return not table_names(plan.database, plan.schema, plan.table).isdisjoint(names)
+    return bool(names) and TableFilter.of(include=names).admits(plan.database, plan.schema, plan.table)
 
 
 def _position_text(order: str) -> str:
