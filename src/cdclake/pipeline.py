@@ -596,6 +596,7 @@ class Pipeline:
             table_columns = self._ensure_tables(plans)
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
+            self._latest_columns_of_shared_tables(plans, table_columns)
 
         misfit = self._misfit_reason(plans, table_columns)
         if misfit is not None:
@@ -610,6 +611,19 @@ class Pipeline:
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
         self._history(good, plans, table_columns, txn, result)
+
+    def _latest_columns_of_shared_tables(
+        self, plans: Sequence[apply.TablePlan], table_columns: dict[str, list[tuple[str, str]]]
+    ) -> None:
+        """Gives the plans of source tables that share a lake table its latest columns: each plan's entry is the
+        table's columns when that plan was ensured or retyped, and a later plan's may have added or widened one."""
+        by_path: dict[str, list[apply.TablePlan]] = {}
+        for plan in plans:
+            by_path.setdefault(self._path_of(plan), []).append(plan)
+        for first, *others in by_path.values():
+            latest = self.sink.columns(first.database, first.schema, first.table) if others else None
+            if latest is not None:
+                table_columns.update((plan.table_id, latest) for plan in (first, *others))
 
     def _history_of_cleared_tables(
         self, good: DataFrame, step: SchemaEvent, txn: Txn | None, result: BatchResult
@@ -729,8 +743,7 @@ class Pipeline:
                 else:
                     ids = [plan.table_id for plan in unit]
                     table_changes = apply.latest_per_key(folded.where(F.col(apply.TABLE_ID).isin(*ids)))
-                # The last of a unit's plans saw the lake table's columns last (_ensure_tables goes in its turns).
-                self.sink.merge(unit[0], table_columns[unit[-1].table_id], table_changes)
+                self.sink.merge(unit[0], table_columns[unit[0].table_id], table_changes)
 
             # One commit per lake table; tables are independent, so their MERGEs overlap (driver-side planning and
             # commit I/O dominate small batches). They share the batch's idempotency marker; source tables sharing a

@@ -102,3 +102,18 @@ def test_the_deletion_vectors_benchmark_prints_a_row_of_figures_per_size(
         assert all(value > 0 for value in timings), row
         assert cells[6] == "copy-on-write", row
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.spark
+def test_the_shards_benchmark_compares_both_ways_on_the_same_rows(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import shards
+
+    argv = ["--shards", "2", "--messages", "300", "--batch", "300", "--repeats", "1", "--out", str(tmp_path)]
+    shards.main(argv, spark=spark)
+    out = capsys.readouterr().out.splitlines()
+    runs = [line for line in out if line.startswith("repeat 0 ")]
+    assert len(runs) == 2
+    assert len({line.rsplit(", ", 1)[1] for line in runs}) == 1  # the same rows both ways
+    assert out[-1].startswith("one MERGE per batch / one per shard: ")
