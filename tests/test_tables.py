@@ -111,6 +111,8 @@ def test_without_routes_a_table_lands_in_its_database_and_name() -> None:
     assert TableRoutes().lake_name("shop", "public", "orders") == ("shop", "orders")
     assert TableRoutes().lake_name(None, "public", "orders") == ("public", "orders")
     assert TableRoutes.of([(["crm.*"], "x.{table}")]).lake_name("shop", None, "orders") == ("shop", "orders")
+    # a part that comes out empty (no schema here) keeps the source's name
+    assert TableRoutes.of([(["*"], "{schema}.{schema}")]).lake_name("shop", None, "orders") == ("shop", "orders")
 
 
 def test_routed_names_are_made_path_safe_and_drive_every_path_of_the_sink() -> None:

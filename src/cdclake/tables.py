@@ -105,7 +105,8 @@ def check_target(target: str) -> str | None:
     for name in _PLACEHOLDER.findall(target):
         if name not in PLACEHOLDERS:
             return f"{target!r} has an unknown placeholder {{{name}}} (known: {{database}}, {{schema}}, {{table}})"
-    if "{" in _PLACEHOLDER.sub("", target) or "}" in _PLACEHOLDER.sub("", target):
+    literal = _PLACEHOLDER.sub("", target)
+    if "{" in literal or "}" in literal:
         return f"{target!r} has an unmatched brace"
     return None
 
@@ -115,7 +116,8 @@ class TableRoute:
     """One rule of the ``routes`` setting: the source tables matching one of ``tables`` (patterns as in
     :class:`TableFilter`) land in the lake table ``to``: ``db.table``, or ``table`` to keep the source's database.
     ``{database}``, ``{schema}`` and ``{table}`` in ``to`` stand for the source table's names (``{database}`` is the
-    schema for sources that name only one level; an absent name is empty)."""
+    schema for sources that name only one level; an absent name is empty, and a part that comes out empty keeps
+    the source's name)."""
 
     tables: tuple[str, ...]
     to: str
@@ -164,5 +166,5 @@ class TableRoutes:
         for rule in self.rules:
             if rule.matches(database, schema, table):
                 lake_database, lake_table = rule.target(database, schema, table)
-                return (own if lake_database is None else lake_database or None), lake_table or table
+                return lake_database or own, lake_table or table
         return own, table
