@@ -42,6 +42,11 @@ def test_good_config_defaults() -> None:
     ).table_routes()
     assert routes.lake_name("shop", None, "orders_01") == ("shop", "orders")
     assert routes.lake_name("crm", None, "customer") == ("ods", "customer")
+    patterned = parse_config(
+        {**GOOD, "keys": {"shop.orders_*": ["id"]}, "sequence_by": {"*": "v"}, "ddl": {"tables": {"crm.*": "ignore"}}}
+    )
+    assert (patterned.keys, patterned.sequence_by) == ({"shop.orders_*": ["id"]}, {"*": "v"})
+    assert patterned.ddl.tables == {"crm.*": "ignore"}
 
 
 @pytest.mark.parametrize(
@@ -58,6 +63,9 @@ def test_good_config_defaults() -> None:
         (_with(trigger={"processing_time": 5}), "trigger.processing_time", "10 seconds"),
         (_with(lakes="/x"), "lakes", "spelling"),
         (_with(keys={"crm.t": []}), "keys", "keys: {crm.audit_log: [id]}"),
+        (_with(keys={"shop..t": ["id"]}), "keys", "shop.orders_*"),
+        (_with(sequence_by={" shop.*": "v"}), "sequence_by", "`*` for every table"),
+        (_with(ddl={"tables": {"shop.": "ignore"}}), "ddl.tables", "tables may be patterns"),
         (_with(deletion_vectors="sometimes"), "deletion_vectors", "`always` or `never`"),
         (_with(tables={"include": ["shop..orders"]}), "tables.include", "`*` matches any characters"),
         (_with(tables={"exclude": "shop.*"}), "tables.exclude", "lists of `db.table`"),

@@ -39,7 +39,7 @@ def test_sequence_by_orders_by_the_column_not_the_arrival(spark, tmp_path: Path,
         format_name="canal-json",
         paths=[str(capture)],
         batch_lines=batch_lines,
-        sequence_by={"crm.t": "version"},
+        sequence_by={"crm.t*": "version"},  # a pattern, as in `tables`: t, not u
     )
     assert sorted(read_table(f"{lake}/crm/t"), key=lambda r: r["id"]) == [
         {"id": 1, "version": 10, "v": "new"},

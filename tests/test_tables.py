@@ -1,12 +1,16 @@
 """The ``tables`` filter (cdclake.tables): which source tables land, by glob patterns over the names every
-per-table setting uses; and ``routes``: which lake table each lands in."""
+per-table setting uses; ``routes``: which lake table each lands in; and the per-table settings' choice of entry."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
+from cdclake import apply
 from cdclake.sinks.delta import DeltaSink
-from cdclake.tables import TableFilter, TableRoute, TableRoutes, check_pattern, check_target, table_names
+from cdclake.tables import PerTable, TableFilter, TableRoute, TableRoutes, check_pattern, check_target, table_names
 
 
 def test_a_table_is_named_as_in_every_per_table_setting() -> None:
@@ -164,3 +168,75 @@ def test_replay_refuses_a_bad_route_before_reading_anything(tmp_path) -> None:  
         assert "--route" in str(result.exception)
         assert problem in str(result.exception)
     assert not (tmp_path / "lake").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Per-table settings: names and patterns, the most specific wins
+
+SETTING = PerTable.of(
+    {
+        "*": "every",
+        "shop.*": "shop",
+        "shop.orders_*": "shards",
+        "orders_7": "bare name",
+        "shop.orders_7": "qualified name",
+        "pg.public.orders": "three parts",
+        "public.*": "schema pattern",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("table", "value"),
+    [
+        (("shop", None, "orders_7"), "qualified name"),  # a name wins; more parts win
+        (("crm", None, "orders_7"), "bare name"),
+        (("shop", None, "orders_8"), "shards"),  # of patterns, more literal characters win
+        (("shop", None, "customer"), "shop"),
+        (("crm", None, "customer"), "every"),
+        (("pg", "public", "orders"), "three parts"),
+        (("pg", "public", "items"), "schema pattern"),
+        (("shop.orders_", None, "x"), "shards"),  # * spans dots, as in `tables`
+    ],
+)
+def test_the_most_specific_entry_of_a_per_table_setting_wins(
+    table: tuple[str | None, str | None, str], value: str
+) -> None:
+    assert SETTING.value_for(*table) == value
+    # The order of a YAML mapping does not matter.
+    assert PerTable(tuple(reversed(SETTING.entries))).value_for(*table) == value
+
+
+def test_a_per_table_setting_without_a_match_gives_none() -> None:
+    assert PerTable.of({"shop.*": 1}).value_for("crm", None, "orders") is None
+    assert not PerTable.of({})
+    # Of two equally specific entries, the one listed first.
+    assert PerTable.of({"a.t": 1, "s.t": 2}).value_for("a", "s", "t") == 1
+    assert PerTable.of({"s.t": 2, "a.t": 1}).value_for("a", "s", "t") == 2
+
+
+NAME_PART = st.text(alphabet="ab.*?+$^[]\\()|{}\n_-", min_size=1, max_size=4)
+TABLE_PART = st.text(alphabet="ab.+$^[]\\()|{}\n_-", min_size=1, max_size=4)
+
+
+@pytest.mark.spark
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entries=st.lists(st.tuples(NAME_PART.filter(lambda n: check_pattern(n) is None), st.integers()), max_size=6),
+    tables=st.lists(
+        st.tuples(st.one_of(st.none(), TABLE_PART), st.one_of(st.none(), TABLE_PART), TABLE_PART), min_size=1
+    ),
+)
+def test_spark_picks_the_entry_the_driver_picks(
+    spark, entries: list[tuple[str, int]], tables: list[tuple[str | None, str | None, str]]
+) -> None:
+    """keys and sequence_by are chosen per event by a Spark column (apply.per_table), ddl.tables and dlq replay on
+    the driver (PerTable.value_for): the two agree, regex metacharacters and line breaks in names included."""
+    setting = PerTable(tuple(entries))
+    frame = spark.createDataFrame(tables, "database string, schema string, table string")
+    picked = frame.select(
+        "database", "schema", "table", apply.per_table(setting, F.lit, F.lit(None).cast("int")).alias("value")
+    ).collect()
+    assert [(r["database"], r["schema"], r["table"], r["value"]) for r in picked] == [
+        (*table, setting.value_for(*table)) for table in tables
+    ]

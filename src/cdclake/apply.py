@@ -20,7 +20,7 @@ partition, offset and position inside the message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.model import Op
+from cdclake.tables import PerTable, Value, glob_regex, is_pattern
 
 TABLE_ID: Final = "table_id"
 """Identity of a target table inside one batch: ``database``/``schema``/``table`` joined by ``\\x1f``."""
@@ -77,8 +78,8 @@ _INTEGRAL_TYPES: Final = ("tinyint", "smallint", "int", "bigint", "timestamp")
 
 def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     """Replaces the ordering position of row events of the listed tables by a user-chosen column (``sequence_by``:
-    ``db.table``, ``table`` or ``*`` -> column name), with the format's position (or the Kafka fallback) after it
-    to break ties.
+    table name or pattern -> column name, see :class:`cdclake.tables.PerTable`), with the format's position (or
+    the Kafka fallback) after it to break ties.
 
     The column's value is taken from the after image (the before image for deletes). Integer and timestamp columns
     compare numerically (shifted by 10^20 and zero-padded, so negative values sort too), other types as text; an
@@ -86,14 +87,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     """
     if not sequence_by:
         return events
-    qualified = F.concat_ws(".", F.col(model.DATABASE), F.col(model.TABLE))
-    column: Column = F.lit(None).cast("string")
-    for name, source_column in sorted(sequence_by.items(), key=lambda item: (item[0] != "*", "." in item[0])):
-        if name == "*":
-            column = F.lit(source_column)
-        else:
-            target = qualified if "." in name else F.col(model.TABLE)
-            column = F.when(target == F.lit(name), F.lit(source_column)).otherwise(column)
+    column = per_table(PerTable.of(sequence_by), F.lit, F.lit(None).cast("string"))
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
     value = F.element_at(image, column)
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: c["name"] == column), 0)["spark_type"]
@@ -122,14 +116,43 @@ def key_of(image: Column, keys: Column) -> Column:
 
 
 def effective_keys(events: DataFrame, configured: Mapping[str, Sequence[str]]) -> Column:
-    """Key columns of each event: configured keys (``db.table`` or ``table``) win, then the message's own. An
-    empty array means the table has no key: the whole row is its identity (see :func:`key_of`)."""
-    from_message = F.col(model.KEY_COLUMNS)
-    result = F.coalesce(from_message, F.array().cast("array<string>"))
-    qualified = F.concat_ws(".", F.col(model.DATABASE), F.col(model.TABLE))
-    for name, keys in sorted(configured.items()):
-        target = qualified if "." in name else F.col(model.TABLE)
-        result = F.when(target == F.lit(name), F.array(*(F.lit(k) for k in keys))).otherwise(result)
+    """Key columns of each event: configured keys (table name or pattern, see :class:`cdclake.tables.PerTable`)
+    win, then the message's own. An empty array means the table has no key: the whole row is its identity (see
+    :func:`key_of`)."""
+    from_message = F.coalesce(F.col(model.KEY_COLUMNS), F.array().cast("array<string>"))
+    return per_table(PerTable.of(configured), lambda keys: F.array(*(F.lit(k) for k in keys)), from_message)
+
+
+def table_matches(name: str) -> Column:
+    """Whether an event's table has ``name`` (a table name or pattern of a per-table setting) as one of its names:
+    ``table``, ``db.table`` (the schema when there is no database), ``schema.table``, ``db.schema.table`` (the
+    names of :func:`cdclake.tables.table_names`, as columns; NULL parts make a name NULL, which matches nothing)."""
+    database, schema, table = F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)
+    dot = F.lit(".")
+    names = [
+        table,
+        F.concat(F.coalesce(database, schema), dot, table),
+        F.concat(schema, dot, table),
+        F.concat(database, dot, schema, dot, table),
+    ]
+    if is_pattern(name):
+        # rlike finds a match anywhere: anchored at both ends of the input (\z: not before a final line break).
+        regex = f"(?s)\\A(?:{glob_regex(name)})\\z"
+        matches = [candidate.rlike(regex) for candidate in names]
+    else:
+        matches = [candidate == F.lit(name) for candidate in names]
+    result = matches[0]
+    for match in matches[1:]:
+        result = result | match
+    return F.coalesce(result, F.lit(False))
+
+
+def per_table(setting: PerTable[Value], value: Callable[[Value], Column], otherwise: Column) -> Column:
+    """Each event's value of a per-table setting (the most specific matching entry's, as
+    :meth:`cdclake.tables.PerTable.value_for` picks on the driver), else ``otherwise``."""
+    result = otherwise
+    for name, entry in reversed(setting.ranked):
+        result = F.when(table_matches(name), value(entry)).otherwise(result)
     return result
 
 

@@ -22,9 +22,10 @@ Example::
     routes:                                        # lake table of a source table (default <database>/<table>)
       - {tables: ["shop.orders_*"], to: shop.orders}          # merge shards into one lake table
       - {tables: ["crm.*"], to: "ods.crm_{table}"}            # rename; placeholders {database} {schema} {table}
-    keys: {crm.audit_log: [id]}                    # key columns for tables whose messages carry none
+    keys: {crm.audit_log: [id], "shop.orders_*": [order_id]}   # key columns for tables whose messages carry none
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
+    # keys, ddl.tables, sequence_by and history take names or patterns; the most specific match wins
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
     history:                                       # optional history tables (README: History tables)
       changelog: true                              # every table, or a list: [crm.customer, shop.orders]
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -65,11 +66,13 @@ FIXES: dict[str, str] = {
     "routes": 'use `routes: [{tables: ["shop.orders_*"], to: shop.orders}]`: a list of rules, each with `tables` '
     "(patterns as in `tables.include`) and `to` (`db.table` or `table`, with `{database}`, `{schema}`, `{table}` "
     "placeholders); the first rule that matches a table names its lake table",
-    "keys": "map `db.table` (or `table`) to a list of column names, e.g. `keys: {crm.audit_log: [id]}`",
-    "sequence_by": "map `db.table`, `table` or `*` to the column that orders changes, e.g. `{shop.orders: version}`",
-    "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}`",
+    "keys": "map `db.table` (or `table`, or a pattern such as `shop.orders_*`) to a list of column names, e.g. "
+    "`keys: {crm.audit_log: [id]}`",
+    "sequence_by": "map `db.table`, `table` or a pattern (`*` for every table) to the column that orders changes, "
+    "e.g. `{shop.orders: version}`",
+    "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}` (tables may be patterns)",
     "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
-    "or a list of `db.table` names",
+    "or a list of `db.table` names or patterns",
     "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
     "table_format": "use `delta` (default) or `iceberg`",
     "iceberg_catalog": "name a Spark catalog that the session configures (`spark.sql.catalog.<name>`), "
@@ -150,12 +153,26 @@ class DdlConfig(_Strict):
     policy: Literal["evolve", "ignore", "fail"] = "evolve"
     tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
 
+    @field_validator("tables")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        return _checked_names(value)
+
 
 def _checked_patterns(value: list[str]) -> list[str]:
     for pattern in value:
         problem = check_pattern(pattern)
         if problem is not None:
             raise ValueError(problem)
+    return value
+
+
+_Setting = TypeVar("_Setting")
+
+
+def _checked_names(value: dict[str, _Setting]) -> dict[str, _Setting]:
+    """The table names or patterns of a per-table setting (cdclake.tables.PerTable), checked."""
+    _checked_patterns(list(value))
     return value
 
 
@@ -262,7 +279,12 @@ class PipelineConfig(_Strict):
         for table, columns in value.items():
             if not columns:
                 raise ValueError(f"table {table} has an empty key list")
-        return value
+        return _checked_names(value)
+
+    @field_validator("sequence_by")
+    @classmethod
+    def _sequence_tables(cls, value: dict[str, str]) -> dict[str, str]:
+        return _checked_names(value)
 
     @model_validator(mode="after")
     def _formats_known(self) -> PipelineConfig:

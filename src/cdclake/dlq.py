@@ -48,7 +48,7 @@ from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import local_frame
-from cdclake.tables import TableFilter, TableRoutes
+from cdclake.tables import PerTable, TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -393,14 +393,15 @@ def _table_keys(
         .distinct()
         .collect()
     )
+    configured = PerTable.of(keys)
     for row in keyless:
         database, schema, table = row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]
-        # The names effective_keys matches: `database.table`, or `table` when the source has no database.
-        qualified = f"{database}.{table}" if database else table
-        if qualified in keys or table in keys:
+        if configured.value_for(database, schema, table) is not None:
             continue
         recorded = sink.recorded_key_columns(database, schema, table)
         if recorded:
+            # Its most qualified name: it wins over any pattern, and names no other table.
+            qualified = ".".join(part for part in (database, schema, table) if part)
             log.info("dlq replay: %s uses the key columns its lake table was created with: %s", qualified, recorded)
             keys[qualified] = recorded
     return keys

@@ -35,7 +35,7 @@ from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid
 from cdclake.exceptions import TerminalError
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn, quote
-from cdclake.tables import TableFilter
+from cdclake.tables import PerTable, TableFilter
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class SchemaEvolution:
     ):
         self.sink = sink
         self.policy = policy
-        self.table_policies = dict(table_policies or {})
+        self.table_policies = PerTable.of(dict(table_policies or {}))
         # The pipeline drops the events of excluded tables; this also leaves out the statements that name only
         # excluded tables while sent as another table's (or no table's) event.
         self.tables = tables or TableFilter()
@@ -126,11 +126,9 @@ class SchemaEvolution:
         self.shared_with: SharedWith = shares_nothing
 
     def policy_for(self, table: TableName) -> Policy:
-        """``db.table`` (or ``schema.table``) first, then ``table``, then the pipeline's policy."""
-        for name in (f"{table.database}.{table.table}", f"{table.schema}.{table.table}", table.table):
-            if name in self.table_policies:
-                return self.table_policies[name]
-        return self.policy
+        """The table's ``ddl.tables`` entry (name or pattern, the most specific wins), else the pipeline's policy."""
+        policy = self.table_policies.value_for(table.database, table.schema, table.table)
+        return self.policy if policy is None else policy
 
     # -------------------------------------------------------------------------------------------------------------
     # DDL events

@@ -118,14 +118,15 @@ class PipelineSettings:
             counted, in the progress rows of scope ``excluded``.
         routes: the lake table each source table lands in (see cdclake.tables.TableRoutes; default
             ``<database>/<table>``). Events, progress and per-table settings keep the source names.
-        keys: ``db.table`` or ``table`` -> key columns, for tables whose messages carry none (or to override).
+        keys: table name or pattern -> key columns, for tables whose messages carry none (or to override); the
+            most specific entry that matches a table wins (see cdclake.tables.PerTable), as for every mapping here.
         tombstone_retention_seconds: how long deleted keys are remembered to reject late older events.
         name: pipeline name, recorded in bookkeeping tables.
         merge_threads: how many tables' MERGEs of a batch run concurrently.
         ddl_policy: what DDL statements do to lake tables: ``evolve``, ``ignore`` or ``fail`` (see cdclake.evolve).
-        ddl_table_policies: ``db.table`` or ``table`` -> policy, overriding ``ddl_policy``.
-        sequence_by: ``db.table``, ``table`` or ``*`` -> column whose value orders the table's changes instead of
-            the format's position (see :func:`cdclake.apply.sequenced`).
+        ddl_table_policies: table name or pattern -> policy, overriding ``ddl_policy``.
+        sequence_by: table name or pattern (``*``: every table) -> column whose value orders the table's changes
+            instead of the format's position (see :func:`cdclake.apply.sequenced`).
         changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
         scd2: tables that get an SCD type 2 history table (same selection rules).
         dead_letter_handler: when set, receives each batch's dead-letter rows (the ``dead_letters`` columns) instead

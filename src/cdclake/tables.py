@@ -1,11 +1,12 @@
-"""Which source tables a pipeline lands (``tables: {include: [...], exclude: [...]}``), and where (``routes``).
+"""Which source tables a pipeline lands (``tables: {include: [...], exclude: [...]}``), where (``routes``), and the
+per-table settings (``keys``, ``sequence_by``, ``ddl.tables``: :class:`PerTable`).
 
 A whole-database or whole-instance stream (DTS, DRS, DataWorks) carries every table of the source, scratch and
 audit tables included; the filter keeps the ones the lake should have. Patterns are matched against the same names
-as every other per-table setting (``keys``, ``ddl.tables``, ``history``): ``table``, ``db.table`` (``db`` is the
-database or, for sources without one, the schema), ``schema.table`` and ``db.schema.table``. A pattern is a glob:
-``*`` matches any run of characters (dots included), ``?`` one character, everything else itself (case-sensitive,
-like the source names).
+as every other per-table setting (``keys``, ``sequence_by``, ``ddl.tables``, ``history``, ``routes``): ``table``,
+``db.table`` (``db`` is the database or, for sources without one, the schema), ``schema.table`` and
+``db.schema.table``. A pattern is a glob: ``*`` matches any run of characters (dots included), ``?`` one character,
+everything else itself (case-sensitive, like the source names).
 
 A table is landed when no ``include`` is given or one matches, and no ``exclude`` matches. The filter is decided on
 the driver, once per table and batch (from the batch's summary), and applied as a ``table IN (...)`` condition:
@@ -19,15 +20,17 @@ can rename it (``ods.{database}_{table}``) or merge several source tables into o
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 
 def table_names(database: str | None, schema: str | None, table: str) -> set[str]:
     """The names a per-table setting may use for a source table (see the module doc)."""
-    names = {table, f"{database or schema}.{table}"}
+    names = {table}
+    if database or schema:
+        names.add(f"{database or schema}.{table}")
     if schema:
         names.add(f"{schema}.{table}")
     if database and schema:
@@ -35,9 +38,20 @@ def table_names(database: str | None, schema: str | None, table: str) -> set[str
     return names
 
 
+def is_pattern(name: str) -> bool:
+    """Whether a table name of a setting has wildcards (``*``, ``?``)."""
+    return "*" in name or "?" in name
+
+
+def glob_regex(pattern: str) -> str:
+    """The regular expression of a table pattern, to be matched against a whole name. Its escapes (Python's
+    ``re.escape``: a backslash before punctuation only) mean the same in Java's regex syntax, so Spark's ``rlike``
+    matches exactly what :func:`_glob` does."""
+    return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+
+
 def _glob(pattern: str) -> re.Pattern[str]:
-    parts = [".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern]
-    return re.compile("".join(parts), re.DOTALL)
+    return re.compile(glob_regex(pattern), re.DOTALL)
 
 
 def check_pattern(pattern: str) -> str | None:
@@ -85,6 +99,58 @@ class TableFilter:
             return any(p.fullmatch(name) for p in patterns for name in names)
 
         return (not self.include or matches(self._include)) and not matches(self._exclude)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Per-table settings: `keys`, `sequence_by`, `ddl.tables`
+
+Value = TypeVar("Value")
+
+
+@dataclass(frozen=True)
+class PerTable(Generic[Value]):
+    """A per-table setting (``keys``, ``sequence_by``, ``ddl.tables``): table names or patterns (as in
+    :class:`TableFilter`) -> value.
+
+    A table takes the value of the most specific entry that matches one of its names, so the order of a YAML
+    mapping never matters: a name without wildcards wins over a pattern, and of two names the one with more parts
+    (``db.schema.table``, then ``db.table`` or ``schema.table``, then ``table``); of two patterns, the one with
+    more literal characters (``shop.orders_*`` before ``shop.*`` before ``*``); of equals, the one listed first.
+    Sharded tables take one setting from a pattern, and one shard can still be set apart by its name.
+    """
+
+    entries: tuple[tuple[str, Value], ...] = ()
+
+    @classmethod
+    def of(cls, setting: Mapping[str, Value]) -> PerTable[Value]:
+        return cls(tuple(setting.items()))
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    @cached_property
+    def ranked(self) -> Sequence[tuple[str, Value]]:
+        """The entries, the one that wins first."""
+
+        def rank(indexed: tuple[int, tuple[str, Value]]) -> tuple[int, int, int]:
+            index, (name, _value) = indexed
+            if is_pattern(name):
+                return 1, -sum(c not in "*?" for c in name), index
+            return 0, -name.count("."), index
+
+        return [entry for _index, entry in sorted(enumerate(self.entries), key=rank)]
+
+    @cached_property
+    def _matchers(self) -> Sequence[tuple[re.Pattern[str], Value]]:
+        return [(_glob(name), value) for name, value in self.ranked]
+
+    def value_for(self, database: str | None, schema: str | None, table: str) -> Value | None:
+        """The table's value (see the class doc), or None when no entry matches."""
+        names = table_names(database, schema, table)
+        for pattern, value in self._matchers:
+            if any(pattern.fullmatch(name) for name in names):
+                return value
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

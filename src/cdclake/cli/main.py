@@ -54,8 +54,8 @@ def _parse_keys(values: list[str]) -> dict[str, list[str]]:
         table, sep, columns = value.partition("=")
         names = [c.strip() for c in columns.split(",") if c.strip()]
         if not sep or not table.strip() or not names:
-            raise InputError(f"--keys {value!r}: expected db.table=col1,col2")
-        keys[table.strip()] = names
+            raise InputError(f"--keys {value!r}: expected db.table=col1,col2 (the table may be a pattern)")
+        keys[_table_name("--keys", table.strip())] = names
     return keys
 
 
@@ -65,8 +65,16 @@ def _parse_sequence_by(values: list[str]) -> dict[str, str]:
         table, sep, column = value.partition("=")
         if not sep or not table.strip() or not column.strip():
             raise InputError(f"--sequence-by {value!r}: expected db.table=column, e.g. shop.orders=version")
-        pairs[table.strip()] = column.strip()
+        pairs[_table_name("--sequence-by", table.strip())] = column.strip()
     return pairs
+
+
+def _table_name(option: str, name: str) -> str:
+    """A table name or pattern of a per-table option, checked."""
+    problem = check_pattern(name)
+    if problem is not None:
+        raise InputError(f"{option}: {problem}")
+    return name
 
 
 def _table_filter(include: list[str], exclude: list[str]) -> TableFilter:
