@@ -352,10 +352,8 @@ def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path, table_forma
         return rows, [_commits(spark, lake, *table, table_format) for table in tables]
 
     rows, versions = snapshot()
-    # The same batch again, by the same pipeline and by a new one (nothing in memory): the batch's commits are found
+    # The same batch again, by a new pipeline (nothing in memory, as after a crash): the batch's commits are found
     # and skipped.
-    pipeline.process_batch(capture.lines(half, capture.count), 1)
-    assert snapshot() == (rows, versions)
     Pipeline(spark, settings).process_batch(capture.lines(half, capture.count), 1)
     assert snapshot() == (rows, versions)
     # Without the idempotent-writer marker, everything again in one batch: the history tables still add nothing.
