@@ -113,9 +113,10 @@ class PerTable(Generic[Value]):
     :class:`TableFilter`) -> value.
 
     A table takes the value of the most specific entry that matches one of its names, so the order of a YAML
-    mapping never matters: a name without wildcards wins over a pattern, and of two names the one with more parts
-    (``db.schema.table``, then ``db.table`` or ``schema.table``, then ``table``); of two patterns, the one with
-    more literal characters (``shop.orders_*`` before ``shop.*`` before ``*``); of equals, the one listed first.
+    mapping matters only between equally specific entries: a name without wildcards wins over a pattern, and of
+    two names the one with more parts (``db.schema.table``, then ``db.table`` or ``schema.table``, then
+    ``table``); of two patterns, the one with more literal characters (``shop.orders_*`` before ``shop.*`` before
+    ``*``); of equals, the one listed first.
     Sharded tables take one setting from a pattern, and one shard can still be set apart by its name.
     """
 
