@@ -35,7 +35,8 @@ SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=T
 TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 
-@pytest.mark.parametrize("format_name", ["dataworks-json", "qlik-json", "dts-shareplex-json", "dts-avro"])
+# DataWorks JSON into Iceberg tables: tests/e2e/test_routes.py.
+@pytest.mark.parametrize("format_name", ["qlik-json", "dts-shareplex-json", "dts-avro"])
 def test_rendered_stream_replays_into_iceberg_tables_equal_to_the_truth(
     spark, tmp_path: Path, format_name: str
 ) -> None:

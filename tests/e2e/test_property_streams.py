@@ -27,7 +27,7 @@ from cdclake.workload.renderers import to_lines
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("CDCLAKE_PROPERTY_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("CDCLAKE_PROPERTY_EXAMPLES", "3"))
 """About 30 s each on 2 cores; raise it for a longer search (e.g. 50 before a release)."""
 
 histories = st.builds(

@@ -77,7 +77,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(
     note = f"{format_name} into {table_format}: render seed {seed}, killed {kill_after:.2f} s after the first batch"
     history = SourceHistory.generate(
         HistoryConfig(
-            seed=seed % 1000, tables=3, events=100, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1
+            seed=seed % 1000, tables=3, events=70, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1
         )
     )
     shape = RenderOptions(heartbeat_every=30, resends=1, malformed=1, transactions=True, partial_updates=True)
