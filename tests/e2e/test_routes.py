@@ -1,9 +1,9 @@
 """``routes`` end to end: three MySQL shards ``shop.orders_0..2`` (disjoint keys) merged into lake table
 ``shop.orders``, and ``crm.customer`` renamed to ``ods.crm_customer``, from a seeded random DataWorks stream replayed
-in several batches, into Delta and Iceberg lake tables. The lake tables equal an independent reference built from
-the same operations; a TRUNCATE of one shard becomes a dead letter (it would delete the other shards' rows) while
-the renamed table's TRUNCATE applies; a shard's ADD COLUMN changes the merged table; a RENAME of a shard within its
-pattern leaves the rows where they are; the shards' key columns come from a ``keys`` pattern; their changes of a
+into Delta (in three batches) and Iceberg (in one) lake tables. The lake tables equal an independent reference built
+from the same operations; a TRUNCATE of one shard becomes a dead letter (it would delete the other shards' rows)
+while the renamed table's TRUNCATE applies; a shard's ADD COLUMN changes the merged table; a RENAME of a shard within
+its pattern leaves the rows where they are; the shards' key columns come from a ``keys`` pattern; their changes of a
 batch are one MERGE; the history table, the progress rows and ``cdclake maintain`` follow the routes."""
 
 from __future__ import annotations
