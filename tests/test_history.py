@@ -325,7 +325,7 @@ def _commits(spark, lake: str, kind: str, database: str, table: str, table_forma
 
 @pytest.mark.spark
 # Iceberg history tables re-run a batch in tests/test_maintain.py (after expire_snapshots) and in the Iceberg case of
-# tests/e2e/test_stream_kill.py; one format here keeps the suite's time.
+# tests/e2e/test_stream_kill.py (when a run draws it); one format here keeps the suite's time.
 @pytest.mark.parametrize("table_format", ["delta"])
 def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path, table_format: str) -> None:
     history, messages = workload(seed=23, events=60, failover_resends=0, malformed=0)
