@@ -54,6 +54,11 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile(glob_regex(pattern), re.DOTALL)
 
 
+def _matches(patterns: Iterable[re.Pattern[str]], names: Iterable[str]) -> bool:
+    """Whether one of the compiled ``patterns`` matches one of a table's ``names`` (:func:`table_names`) whole."""
+    return any(p.fullmatch(name) for p in patterns for name in names)
+
+
 def check_pattern(pattern: str) -> str | None:
     """Why ``pattern`` is not a table pattern, or None."""
     if not pattern or not pattern.strip():
@@ -94,11 +99,7 @@ class TableFilter:
         if table is None or self.selects_all:
             return True
         names = table_names(database, schema, table)
-
-        def matches(patterns: Sequence[re.Pattern[str]]) -> bool:
-            return any(p.fullmatch(name) for p in patterns for name in names)
-
-        return (not self.include or matches(self._include)) and not matches(self._exclude)
+        return (not self.include or _matches(self._include, names)) and not _matches(self._exclude, names)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class PerTable(Generic[Value]):
         """The table's value (see the class doc), or None when no entry matches."""
         names = table_names(database, schema, table)
         for pattern, value in self._matchers:
-            if any(pattern.fullmatch(name) for name in names):
+            if _matches([pattern], names):
                 return value
         return None
 
@@ -205,7 +206,7 @@ class TableRoute:
         return [_glob(p) for p in self.tables]
 
     def matches(self, database: str | None, schema: str | None, table: str) -> bool:
-        return any(p.fullmatch(name) for p in self._patterns for name in table_names(database, schema, table))
+        return _matches(self._patterns, table_names(database, schema, table))
 
     def target(self, database: str | None, schema: str | None, table: str) -> tuple[str | None, str]:
         """The lake (database, table) of a source table this rule matches; database None: the source's own."""

@@ -80,9 +80,7 @@ def _table_name(option: str, name: str) -> str:
 def _table_filter(include: list[str], exclude: list[str]) -> TableFilter:
     for option, patterns in (("--include-table", include), ("--exclude-table", exclude)):
         for pattern in patterns:
-            problem = check_pattern(pattern)
-            if problem is not None:
-                raise InputError(f"{option}: {problem}")
+            _table_name(option, pattern)
     return TableFilter.of(include, exclude)
 
 
