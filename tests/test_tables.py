@@ -222,7 +222,9 @@ TABLE_PART = st.text(alphabet="ab.+$^[]\\()|{}\n_-", min_size=1, max_size=4)
 @pytest.mark.spark
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    entries=st.lists(st.tuples(NAME_PART.filter(lambda n: check_pattern(n) is None), st.integers()), max_size=6),
+    entries=st.lists(
+        st.tuples(NAME_PART.filter(lambda n: check_pattern(n) is None), st.integers(-1000, 1000)), max_size=6
+    ),
     tables=st.lists(
         st.tuples(st.one_of(st.none(), TABLE_PART), st.one_of(st.none(), TABLE_PART), TABLE_PART), min_size=1
     ),
