@@ -278,6 +278,18 @@ class SchemaEvolution:
                 return "nothing to do: already renamed"
             return f"nothing to do: no column {change.column}"
         name, current_type = existing
+        new_name = change.new_name or name
+        other = self.shared_with(*ident) if kind == "drop_column" or new_name != name else None
+        if other is not None:
+            # The lake rows do not say which source table wrote them, and the other source table still sends the
+            # column under its old name: dropping or renaming it would take its values from that table's rows too.
+            # This table's later rows leave the column NULL (a renamed one comes with them under its new name).
+            if kind == "drop_column":
+                return f"not applied: the lake table also holds the rows of {other}, whose column {name} it would drop"
+            return (
+                f"not applied: the lake table also holds the rows of {other}, whose column {name} it would rename; "
+                f"this table's values arrive as column {new_name}"
+            )
         keys = sink.key_columns(*ident)
         if kind == "drop_column":
             if name.lower() in (k.lower() for k in keys):
@@ -287,7 +299,6 @@ class SchemaEvolution:
             kept = [(n, F.col(quote(n))) for n, _ in columns if n != name]
             sink.rewrite(*ident, kept, txn, key_columns=keys)
             return f"applied: column {name} dropped"
-        new_name = change.new_name or name
         if new_name != name and new_name.lower() in by_lower:
             raise _IncompatibleChangeError(
                 f"cannot rename {name} to {new_name}: the lake table has a column {new_name}"
