@@ -20,6 +20,7 @@ partition, offset and position inside the message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -74,6 +75,7 @@ def effective_order(events: DataFrame) -> Column:
 
 
 _INTEGRAL_TYPES: Final = ("tinyint", "smallint", "int", "bigint", "timestamp")
+_SEQUENCE_COLUMN: Final = "_sequence_by_column"
 
 
 def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
@@ -87,7 +89,9 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     """
     if not sequence_by:
         return events
-    column = per_table(PerTable.of(sequence_by), F.lit, F.lit(None).cast("string"))
+    # Staged: the column name is read inside a lambda below, which Spark evaluates again for each element.
+    events = events.withColumn(_SEQUENCE_COLUMN, _sequence_by_column(tuple(sequence_by.items())))
+    column = F.col(_SEQUENCE_COLUMN)
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
     value = F.element_at(image, column)
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: c["name"] == column), 0)["spark_type"]
@@ -98,7 +102,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
     return events.withColumn(
         model.POSITION, F.when(rows, F.concat(F.coalesce(text, F.lit("")), F.lit("|"), base)).otherwise(base)
-    )
+    ).drop(_SEQUENCE_COLUMN)
 
 
 def key_of(image: Column, keys: Column) -> Column:
@@ -119,22 +123,42 @@ def effective_keys(events: DataFrame, configured: Mapping[str, Sequence[str]]) -
     """Key columns of each event: configured keys (table name or pattern, see :class:`cdclake.tables.PerTable`)
     win, then the message's own. An empty array means the table has no key: the whole row is its identity (see
     :func:`key_of`)."""
+    return _keys_column(tuple((name, tuple(keys)) for name, keys in configured.items()))
+
+
+# Built once per process and setting, as the decoders' constant expressions are (cdclake.formats.base): building a
+# per-table column is two Py4J calls or more per entry and candidate name, and a batch builds its keys two or three
+# times (plan, fold, history). 200 `keys` entries: 0.9 s per build. The Columns name columns only, so they belong
+# to no DataFrame.
+@functools.cache
+def _keys_column(entries: tuple[tuple[str, tuple[str, ...]], ...]) -> Column:
     from_message = F.coalesce(F.col(model.KEY_COLUMNS), F.array().cast("array<string>"))
-    return per_table(PerTable.of(configured), lambda keys: F.array(*(F.lit(k) for k in keys)), from_message)
+    return per_table(PerTable(entries), lambda keys: F.array(*(F.lit(k) for k in keys)), from_message)
 
 
-def table_matches(name: str) -> Column:
-    """Whether an event's table has ``name`` (a table name or pattern of a per-table setting) as one of its names:
-    ``table``, ``db.table`` (the schema when there is no database), ``schema.table``, ``db.schema.table`` (the
-    names of :func:`cdclake.tables.table_names`, as columns; NULL parts make a name NULL, which matches nothing)."""
+@functools.cache
+def _sequence_by_column(entries: tuple[tuple[str, str], ...]) -> Column:
+    return per_table(PerTable(entries), F.lit, F.lit(None).cast("string"))
+
+
+def _candidate_names() -> list[Column]:
+    """An event's table names as a per-table setting may use them: ``table``, ``db.table`` (the schema when there
+    is no database), ``schema.table``, ``db.schema.table`` (the names of :func:`cdclake.tables.table_names`, as
+    columns; NULL parts make a name NULL, which matches nothing)."""
     database, schema, table = F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)
     dot = F.lit(".")
-    names = [
+    return [
         table,
         F.concat(F.coalesce(database, schema), dot, table),
         F.concat(schema, dot, table),
         F.concat(database, dot, schema, dot, table),
     ]
+
+
+def table_matches(name: str) -> Column:
+    """Whether an event's table has ``name`` (a table name or pattern of a per-table setting) as one of its names
+    (see :func:`_candidate_names`)."""
+    names = _candidate_names()
     if is_pattern(name):
         # rlike finds a match anywhere: anchored at both ends of the input (\z: not before a final line break).
         regex = f"(?s)\\A(?:{glob_regex(name)})\\z"
@@ -149,11 +173,37 @@ def table_matches(name: str) -> Column:
 
 def per_table(setting: PerTable[Value], value: Callable[[Value], Column], otherwise: Column) -> Column:
     """Each event's value of a per-table setting (the most specific matching entry's, as
-    :meth:`cdclake.tables.PerTable.value_for` picks on the driver), else ``otherwise``."""
-    result = otherwise
-    for name, entry in reversed(setting.ranked):
-        result = F.when(table_matches(name), value(entry)).otherwise(result)
-    return result
+    :meth:`cdclake.tables.PerTable.value_for` picks on the driver), else ``otherwise``.
+
+    The entries' ranks (:attr:`~cdclake.tables.PerTable.ranked`, the winner first) decide: the names without
+    wildcards are looked up in one map literal, name -> rank, once per candidate name of the event, and the lowest
+    rank found wins (ranks put more name parts first, then listing order); only when none is found are the patterns
+    tried, in rank order. Before, every entry was a test of the four candidate names in one CASE chain, whose cost
+    per event grew with the entries (python -m benchmarks.shards' capture, 40,000 messages of 16 routed shards in 4
+    batches, 2 cores: 10.9-11.9 s without ``keys``; with the 16 shard names in ``keys`` 13.9-15.1 s before, 11.0-11.5
+    s now; with 200 names 68 s before, 14-16 s now, the build cached as well, see :func:`_keys_column`).
+    """
+    ranked = setting.ranked
+    if not ranked:
+        return otherwise
+    ranks: dict[str, int] = {}
+    for rank, (name, _entry) in enumerate(ranked):
+        if not is_pattern(name):
+            ranks.setdefault(name, rank)  # of two entries of one name, the first ranked wins
+    candidates = _candidate_names()
+    rank_of: Column = F.lit(None).cast("int")
+    if ranks:
+        lookup = F.create_map(*(part for name, rank in ranks.items() for part in (F.lit(name), F.lit(rank))))
+        found = [lookup[candidate] for candidate in candidates]
+        rank_of = F.least(*found)
+    patterns = [(rank, name) for rank, (name, _entry) in enumerate(ranked) if is_pattern(name)]
+    if patterns:
+        by_pattern: Column = F.lit(None).cast("int")
+        for rank, name in reversed(patterns):
+            by_pattern = F.when(table_matches(name), F.lit(rank)).otherwise(by_pattern)
+        rank_of = F.coalesce(rank_of, by_pattern)
+    values = F.array(*(value(entry) for _name, entry in ranked))
+    return F.when(rank_of.isNotNull(), values[rank_of]).otherwise(otherwise)
 
 
 def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> DataFrame:
