@@ -112,12 +112,12 @@ def test_a_column_change_of_one_source_table_keeps_the_column_of_another(spark: 
     assert outcomes == [
         (
             "ALTER TABLE public.orders DROP COLUMN v",
-            "not applied: the lake table also holds the rows of shop.archive.orders, whose column v it would drop",
+            "not applied: the lake table also holds the rows of shop.archive.orders, which would lose column v too",
         ),
         (
             "ALTER TABLE public.orders RENAME COLUMN n TO m",
-            "not applied: the lake table also holds the rows of shop.archive.orders, whose column n it would "
-            "rename; this table's values arrive as column m",
+            "not applied: the lake table also holds the rows of shop.archive.orders, whose column n would be "
+            "renamed too; this table's values arrive as column m",
         ),
     ]
     assert [r.dead_letters for r in results] == [0, 0, 0]

@@ -285,10 +285,10 @@ class SchemaEvolution:
             # column under its old name: dropping or renaming it would take its values from that table's rows too.
             # This table's later rows leave the column NULL (a renamed one comes with them under its new name).
             if kind == "drop_column":
-                return f"not applied: the lake table also holds the rows of {other}, whose column {name} it would drop"
+                return f"not applied: the lake table also holds the rows of {other}, which would lose column {name} too"
             return (
-                f"not applied: the lake table also holds the rows of {other}, whose column {name} it would rename; "
-                f"this table's values arrive as column {new_name}"
+                f"not applied: the lake table also holds the rows of {other}, whose column {name} would be renamed "
+                f"too; this table's values arrive as column {new_name}"
             )
         keys = sink.key_columns(*ident)
         if kind == "drop_column":
