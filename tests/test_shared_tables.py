@@ -29,7 +29,7 @@ def _dataworks(
     """A DataWorks message of PostgreSQL table ``shop.<schema>.orders``: columns ``id`` and ``v`` (= the schema's
     name), or ``id`` and ``values``."""
     row = {"id": row_id, **(values if values is not None else {"v": schema})}
-    types = {int: "LONG", str: "STRING"}
+    types = {int: "LONG", str: "STRING"}  # a DDL message's id is None: declared LONG like the others
     message: dict[str, Any] = {
         "schema": {
             "dataColumn": [{"name": name, "type": types.get(type(value), "LONG")} for name, value in row.items()],
