@@ -180,8 +180,9 @@ def per_table(setting: PerTable[Value], value: Callable[[Value], Column], otherw
     rank found wins (ranks put more name parts first, then listing order); only when none is found are the patterns
     tried, in rank order. Before, every entry was a test of the four candidate names in one CASE chain, whose cost
     per event grew with the entries (python -m benchmarks.shards' capture, 40,000 messages of 16 routed shards in 4
-    batches, 2 cores: 10.9-11.9 s without ``keys``; with the 16 shard names in ``keys`` 13.9-15.1 s before, 11.0-11.5
-    s now; with 200 names 68 s before, 14-16 s now, the build cached as well, see :func:`_keys_column`).
+    batches, 2 cores, warm repeats: 10.7-13.3 s without ``keys``; with the 16 shard names in ``keys`` 13.9-16.6 s
+    before, 11.0-13.3 s now; with 200 names 68 s before, 14-16 s now, the build cached as well, see
+    :func:`_keys_column`).
     """
     ranked = setting.ranked
     if not ranked:
