@@ -155,19 +155,13 @@ def _candidate_names() -> list[Column]:
     ]
 
 
-def table_matches(name: str) -> Column:
-    """Whether an event's table has ``name`` (a table name or pattern of a per-table setting) as one of its names
-    (see :func:`_candidate_names`)."""
-    names = _candidate_names()
-    if is_pattern(name):
-        # rlike finds a match anywhere: anchored at both ends of the input (\z: not before a final line break).
-        regex = f"(?s)\\A(?:{glob_regex(name)})\\z"
-        matches = [candidate.rlike(regex) for candidate in names]
-    else:
-        matches = [candidate == F.lit(name) for candidate in names]
-    result = matches[0]
-    for match in matches[1:]:
-        result = result | match
+def _matches_pattern(pattern: str, candidates: Sequence[Column]) -> Column:
+    """Whether one of an event's ``candidates`` (:func:`_candidate_names`) matches the table ``pattern`` whole."""
+    # rlike finds a match anywhere: anchored at both ends of the input (\z: not before a final line break).
+    regex = f"(?s)\\A(?:{glob_regex(pattern)})\\z"
+    result = candidates[0].rlike(regex)
+    for candidate in candidates[1:]:
+        result = result | candidate.rlike(regex)
     return F.coalesce(result, F.lit(False))
 
 
@@ -201,7 +195,7 @@ def per_table(setting: PerTable[Value], value: Callable[[Value], Column], otherw
     if patterns:
         by_pattern: Column = F.lit(None).cast("int")
         for rank, name in reversed(patterns):
-            by_pattern = F.when(table_matches(name), F.lit(rank)).otherwise(by_pattern)
+            by_pattern = F.when(_matches_pattern(name, candidates), F.lit(rank)).otherwise(by_pattern)
         rank_of = F.coalesce(rank_of, by_pattern)
     values = F.array(*(value(entry) for _name, entry in ranked))
     return F.when(rank_of.isNotNull(), values[rank_of]).otherwise(otherwise)
