@@ -117,3 +117,23 @@ def test_the_shards_benchmark_compares_both_ways_on_the_same_rows(
     assert len(runs) == 2
     assert len({line.rsplit(", ", 1)[1] for line in runs}) == 1  # the same rows both ways
     assert out[-1].startswith("one MERGE per batch / one per shard: ")
+
+
+@pytest.mark.spark
+def test_the_soak_benchmark_samples_the_driver_and_checks_the_lake(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import soak
+
+    soak.main(["--batches", "3", "--batch", "10", "--every", "1", "--out", str(tmp_path / "soak")], spark=spark)
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split("|")[1:-1] for line in out if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) >= 3
+    for cells in rows:
+        heap, classes, compilations, stored, rss, mean = (float(c.strip().replace(",", "")) for c in cells[1:])
+        assert min(heap, classes, rss, mean) > 0, cells
+        assert min(compilations, stored) >= 0, cells
+    assert [int(cells[0]) for cells in rows] == sorted(int(cells[0]) for cells in rows)
+    assert out[-1].startswith("batches ")
+    assert out[-1].endswith("the lake equals the source truth")
+    assert not (tmp_path / "soak").exists()
