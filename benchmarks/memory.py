@@ -47,6 +47,11 @@ def driver_pids() -> list[int]:
     return [me, *(child for child in _children(me) if _is_spark_driver(child))]
 
 
+def python_rss() -> int:
+    """Bytes resident in this Python process right now (0 without ``/proc``)."""
+    return _rss(os.getpid())
+
+
 def driver_rss() -> int:
     """Bytes resident in the driver right now."""
     return sum(_rss(pid) for pid in driver_pids())

@@ -23,7 +23,6 @@ each compilation evicts an older class, so the loaded classes level off (a strea
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from benchmarks.memory import python_rss
 from benchmarks.workload import OUT
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.pipeline import BatchResult
@@ -53,14 +53,6 @@ class Sample:
     mean_batch_s: float
 
 
-def _python_rss_mib() -> float:
-    with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")  # not Linux: /proc/<pid>/status has no VmRSS
-
-
 def sample(spark: SparkSession, batch: int, mean_batch_s: float) -> Sample:
     """The driver's state now, after a full garbage collection (what the heap still holds, and the classes still
     loaded: generated classes that left Spark's cache are unloaded by it)."""
@@ -74,7 +66,7 @@ def sample(spark: SparkSession, batch: int, mean_batch_s: float) -> Sample:
         classes=management.getClassLoadingMXBean().getLoadedClassCount(),
         compilations=jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount(),
         stored_rdds=len(spark.sparkContext._jsc.getPersistentRDDs()),  # type: ignore[union-attr]
-        python_rss_mib=_python_rss_mib(),
+        python_rss_mib=python_rss() / 2**20,
         mean_batch_s=mean_batch_s,
     )
 
