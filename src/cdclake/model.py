@@ -231,6 +231,24 @@ def typed_value(text: Column, spark_type: str) -> Column:
     return text.try_cast(spark_type)
 
 
+def canonical_text(value: Column, spark_type: str) -> Column:
+    """The inverse of :func:`typed_value`: a typed column as canonical text (a row that is already typed, such as a
+    lake table's, becoming an event again). ``typed_value(canonical_text(v, t), t)`` is ``v``.
+
+    The text is the canonical form of the value: a source may have sent another spelling of it (``12.3`` for
+    ``decimal(10,2)``, whose canonical text here is ``12.30``).
+    """
+    if spark_type == "binary":
+        return F.base64(value)
+    if spark_type == "timestamp":
+        return F.unix_micros(value).cast("string")
+    if not is_supported_spark_type(spark_type):
+        raise ValueError(f"unsupported Spark type for canonical text: {spark_type!r}")
+    # Spark casts decimals to plain text (no exponent), doubles to its own cast syntax, dates to yyyy-MM-dd and
+    # wall-clock timestamps to yyyy-MM-dd HH:mm:ss[.ffffff]: each is the canonical text of its type.
+    return value.cast("string")
+
+
 # The order text_is_valid tests the declared type in: the most common types first, then the rest. A CASE tests its
 # conditions one after the other for every value, and the types are distinct, so the order changes only the cost.
 _COMMON_TYPES: Final = ("string", "bigint", "int", "double", "timestamp")

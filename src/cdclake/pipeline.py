@@ -38,6 +38,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
+from cdclake.ddl import TableName
 from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution, SharedWith, schema_events, shares_nothing
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
@@ -49,7 +50,7 @@ from cdclake.formats.base import (
 )
 from cdclake.model import Op
 from cdclake.sinks import TableFormat, history, lake_sink
-from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, turn_marker
+from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
 from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
 from cdclake.tables import TableFilter, TableRoutes
 
@@ -632,34 +633,76 @@ class Pipeline:
         """The history tables see a table that a DDL statement cleared (``TRUNCATE TABLE``, ``DROP TABLE``, the old
         name of a renamed table: cdclake.evolve deletes its rows) as a TRUNCATE event at the statement's order, with
         the statement's position and vendor op: its SCD2 versions close there, as its lake rows went, and its
-        changelog logs it. Formats whose messages carry TRUNCATE as an op of their own reach the history directly."""
+        changelog logs it. Formats whose messages carry TRUNCATE as an op of their own reach the history directly.
+
+        The new name of a renamed table sees each row the lake moved to it as an UPSERT at the statement's order
+        (:meth:`_moved_rows`): its SCD2 versions start there, so its live versions are its lake rows, and its
+        changelog logs the rows it starts with. Both in one commit per history table."""
         if not (self.settings.changelog or self.settings.scd2):
             return
         cleared = [c.table for c in step.changes if self.evolution.clears(c)]
         if not cleared:
             return
         statement = good.where((F.col(model.OP) == Op.DDL.value) & (apply.effective_order(good) == F.lit(step.order)))
-        truncates = reduce(
-            DataFrame.unionByName,
-            (
-                statement.withColumns(
-                    {
-                        model.OP: F.lit(Op.TRUNCATE.value),
-                        model.DATABASE: F.lit(name.database).cast("string"),
-                        model.SCHEMA: F.lit(name.schema).cast("string"),
-                        model.TABLE: F.lit(name.table),
-                    }
-                )
-                for name in cleared
-            ),
-        )
-        plans = apply.plan_tables(truncates, self.settings.keys)
+        truncates = [
+            statement.withColumns(
+                {
+                    model.OP: F.lit(Op.TRUNCATE.value),
+                    model.DATABASE: F.lit(name.database).cast("string"),
+                    model.SCHEMA: F.lit(name.schema).cast("string"),
+                    model.TABLE: F.lit(name.table),
+                }
+            )
+            for name in cleared
+        ]
+        renamed = [
+            c.new_table
+            for c in step.changes
+            if c.kind == "rename_table" and c.new_table is not None and self.evolution.clears(c)
+        ]
+        moved = [rows for name in renamed if (rows := self._moved_rows(statement, name)) is not None]
+        events = reduce(DataFrame.unionByName, [*truncates, *moved])
+        plans = apply.plan_tables(events, self.settings.keys)
         table_columns: dict[str, list[tuple[str, str]]] = {}
         for plan in plans:
             columns = self.sink.columns(plan.database, plan.schema, plan.table)
             if columns is not None:
                 table_columns[plan.table_id] = columns
-        self._history(truncates, [p for p in plans if p.table_id in table_columns], table_columns, txn, result)
+        self._history(events, [p for p in plans if p.table_id in table_columns], table_columns, txn, result)
+
+    def _moved_rows(self, statement: DataFrame, name: TableName) -> DataFrame | None:
+        """The rows of the lake table ``name`` (the new name of a table the ``statement`` renamed, just after the
+        move) as UPSERT events of that statement: its position, time and vendor op, one event per row, the images
+        in canonical text (:func:`cdclake.model.canonical_text`). None when the table's history is off or the
+        rename moved nothing."""
+        ident = (name.database, name.schema, name.table)
+        plan = apply.TablePlan(apply.table_id_of(*ident), *ident, columns=[], key_columns=[])
+        if not (history.is_selected(self.settings.changelog, plan) or history.is_selected(self.settings.scd2, plan)):
+            return None
+        columns = self.sink.columns(*ident)
+        if columns is None:
+            return None
+        image = F.map_from_arrays(
+            F.array(*(F.lit(column) for column, _ in columns)),
+            F.array(*(model.canonical_text(F.col(f"_row.{quote(column)}"), t) for column, t in columns)),
+        )
+        rows = self.sink.read(name.database, name.table, name.schema).select(
+            F.struct(*(F.col(quote(column)) for column, _ in columns)).alias("_row")
+        )
+        keys = self.sink.key_columns(*ident)
+        replaced = {
+            model.OP: F.lit(Op.UPSERT.value),
+            model.DATABASE: F.lit(name.database).cast("string"),
+            model.SCHEMA: F.lit(name.schema).cast("string"),
+            model.TABLE: F.lit(name.table),
+            model.KEY_COLUMNS: F.array(*map(F.lit, keys)).cast("array<string>"),
+            model.BEFORE: F.lit(None).cast(model.CANONICAL_SCHEMA[model.BEFORE].dataType),
+            model.AFTER: image,
+            model.AFTER_IS_PARTIAL: F.lit(False),
+        }
+        return statement.crossJoin(rows).select(
+            *(replaced.get(column, F.col(column)).alias(column) for column in statement.columns)
+        )
 
     def _ensure_tables(self, plans: Sequence[apply.TablePlan]) -> dict[str, list[tuple[str, str]]]:
         """Creates or widens the lake tables of ``plans``; their (name, type) user columns by table id.
