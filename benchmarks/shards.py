@@ -1,12 +1,16 @@
 """Sharded tables routed into one lake table: one MERGE per batch against one MERGE per shard, same messages.
 
-``python -m benchmarks.shards [--shards 16 --messages 40000 --batch 10000 --repeats 2]``
+``python -m benchmarks.shards [--shards 16 --messages 40000 --batch 10000 --repeats 2 --history]``
 
 ``shop.orders_00`` .. ``orders_<N-1>`` (MySQL shards with disjoint keys, DataWorks JSON inserts and updates spread
 over the shards at random) are replayed with ``routes: [{tables: [shop.orders_*], to: shop.orders}]`` twice per
 repeat, alternately: as cdclake does it (the shards' changes of a batch share one MERGE,
 ``Pipeline._merge_units``), and as before that (one MERGE per shard, in turns). Both lakes must end with the same
 rows. Figures: wall-clock seconds of the whole replay and of its ``merge`` step, best of the repeats, and the ratio.
+
+With ``--history`` every shard has a changelog and an SCD2 table (they share the lake table's: one of each), and the
+comparison covers them too: their writes as cdclake does them (one MERGE per history table and batch,
+``cdclake.sinks.history._together``) against one per shard, in turns; the ``history`` step's seconds are printed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from unittest import mock
 
@@ -64,12 +68,18 @@ def _one_merge_per_shard(_: Pipeline, plans: Sequence) -> list[list]:  # type: i
     return [[plan] for plan in sorted(plans, key=lambda p: p.table_id)]
 
 
+def _one_history_merge_per_shard(work: Sequence, path_of: object) -> list:  # type: ignore[type-arg]
+    del path_of
+    return list(work)
+
+
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--messages", type=int, default=40_000)
     parser.add_argument("--batch", type=int, default=10_000, help="messages per batch")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--history", action="store_true", help="with changelog and SCD2 tables")
     parser.add_argument("--out", type=Path, default=OUT / "shards")
     args = parser.parse_args(argv)
     spark = spark or get_session("cdclake-bench-shards", master="local[2]", conf={"spark.driver.memory": "3g"})
@@ -78,13 +88,21 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     source = args.out / "capture.jsonl"
     capture(source, args.shards, args.messages)
     sides = {"one MERGE per batch": None, "one MERGE per shard": _one_merge_per_shard}
-    best: dict[str, tuple[float, float]] = {}
+    best: dict[str, tuple[float, float, float]] = {}
     rows: dict[str, int] = {}
-    print(f"{args.shards} shards, {args.messages:,} messages, batches of {args.batch:,}")
+    history_rows: dict[str, tuple[int, ...]] = {}
+    with_history = " with history tables" if args.history else ""
+    print(f"{args.shards} shards, {args.messages:,} messages, batches of {args.batch:,}{with_history}")
     for repeat in range(args.repeats):
         for index, (name, units) in enumerate(sides.items()):
             lake = str(args.out / f"lake-{index}-{repeat}")
-            with mock.patch.object(Pipeline, "_merge_units", units) if units else nullcontext():
+            with ExitStack() as patches:
+                if units:
+                    patches.enter_context(mock.patch.object(Pipeline, "_merge_units", units))
+                    if args.history:
+                        patches.enter_context(
+                            mock.patch("cdclake.sinks.history._together", _one_history_merge_per_shard)
+                        )
                 started = time.perf_counter()
                 results = replay(
                     spark,
@@ -93,21 +111,38 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
                     paths=[str(source)],
                     routes=ROUTES,
                     batch_lines=args.batch,
+                    changelog=args.history,
+                    scd2=args.history,
                 )
                 seconds = time.perf_counter() - started
             merge = sum(result.seconds.get("merge", 0.0) for result in results)
+            history = sum(result.seconds.get("history", 0.0) for result in results)
             rows[name] = spark.read.format("delta").load(f"{lake}/shop/orders").count()
-            print(f"repeat {repeat} {name}: {seconds:.1f} s, merge step {merge:.1f} s, {rows[name]:,} rows", flush=True)
-            total, merged = best.get(name, (seconds, merge))
-            best[name] = (min(total, seconds), min(merged, merge))
+            if args.history:  # the same history both ways too (compared below)
+                history_rows[name] = tuple(
+                    spark.read.format("delta").load(f"{lake}/_cdclake/{kind}/shop/orders").count()
+                    for kind in ("changelog", "scd2")
+                )
+            print(
+                f"repeat {repeat} {name}: {seconds:.1f} s, merge step {merge:.1f} s, history step {history:.1f} s, "
+                f"{rows[name]:,} rows",
+                flush=True,
+            )
+            total, merged, logged = best.get(name, (seconds, merge, history))
+            best[name] = (min(total, seconds), min(merged, merge), min(logged, history))
     if len(set(rows.values())) != 1:
         raise SystemExit(f"the two lakes differ: {rows}")
-    (ours, ours_merge), (before, before_merge) = best.values()
-    print("| | seconds | merge step s |")
-    print("|---|---:|---:|")
-    for name, (total, merged) in best.items():
-        print(f"| {name} | {total:.1f} | {merged:.1f} |")
-    print(f"one MERGE per batch / one per shard: {ours / before:.2f} (merge step {ours_merge / before_merge:.2f})")
+    if len(set(history_rows.values())) > 1:
+        raise SystemExit(f"the two lakes' history tables differ (changelog, SCD2 rows): {history_rows}")
+    (ours, ours_merge, ours_history), (before, before_merge, before_history) = best.values()
+    print("| | seconds | merge step s | history step s |")
+    print("|---|---:|---:|---:|")
+    for name, (total, merged, logged) in best.items():
+        print(f"| {name} | {total:.1f} | {merged:.1f} | {logged:.1f} |")
+    ratios = f"{ours / before:.2f} (merge step {ours_merge / before_merge:.2f}"
+    if args.history:
+        ratios += f", history step {ours_history / before_history:.2f}"
+    print(f"one MERGE per batch / one per shard: {ratios})")
 
 
 if __name__ == "__main__":

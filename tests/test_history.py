@@ -28,6 +28,7 @@ from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import Txn
 from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
+from cdclake.tables import TableRoutes
 from cdclake.workload import Message, SourceHistory
 from cdclake.workload.history import ms_to_datetime
 from tests.e2e.helpers import history_table, workload, write_lines
@@ -664,3 +665,84 @@ def test_tables_cleared_by_ddl_close_their_versions(spark, lake, tmp_path: Path,
         assert scd2 is not None
         current = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
         assert sorted((r["id"], r["v"]) for r in current) == live
+
+
+def _shard_message(sequence: int, shard: int, op: str, key: int, value: str | None) -> str:
+    """A DataWorks change of ``shop.orders_<shard>`` (columns id, v)."""
+    image = {"dataColumn": {"id": str(key), "v": value}}
+    payload = {
+        "before": image if op == "DELETE" else None,
+        "after": None if op == "DELETE" else image,
+        "sequenceId": str(sequence),
+        "timestamp": {"eventTime": 1_709_288_131_000 + sequence},
+        "op": op,
+        "ddl": None,
+    }
+    columns = [{"name": "id", "type": "LONG"}, {"name": "v", "type": "STRING"}]
+    source = {"dbType": "MySQL", "dbName": "shop", "schemaName": None, "tableName": f"orders_{shard}"}
+    schema = {"dataColumn": columns, "primaryKey": ["id"], "source": source}
+    return json.dumps({"schema": schema, "payload": payload, "version": "1.0"})
+
+
+@pytest.mark.spark
+def test_routed_shards_write_each_history_table_once_per_batch(spark, lake, tmp_path: Path) -> None:
+    """Three shards routed into one lake table, with both history tables: a batch's changes of all the shards go into
+    each history table in one commit (not one per shard), and the history holds every shard's changes."""
+    changes = [  # (shard, op, key, value) in source order; shard s owns the keys 100*s + k
+        (0, "INSERT", 1, "a"),
+        (1, "INSERT", 101, "b"),
+        (2, "INSERT", 201, "c"),
+        (0, "UPDATE_AFTER", 1, "a2"),
+        (1, "INSERT", 102, "d"),
+        (2, "DELETE", 201, "c"),
+        # second batch
+        (1, "UPDATE_AFTER", 101, "b2"),
+        (0, "DELETE", 1, "a2"),
+        (2, "INSERT", 202, "e"),
+        (0, "INSERT", 2, "f"),
+        (1, "UPDATE_AFTER", 102, "d2"),
+        (2, "UPDATE_AFTER", 202, "e2"),
+    ]
+    lines = [_shard_message(seq, *change) for seq, change in enumerate(changes, start=1)]
+    capture = tmp_path / "shards.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    results = replay(
+        spark,
+        lake=lake,
+        format_name="dataworks-json",
+        paths=[str(capture)],
+        routes=TableRoutes.of([(["shop.orders_*"], "shop.orders")]),
+        batch_lines=6,
+        changelog=True,
+        scd2=True,
+    )
+    assert len(results) == 2
+    # One MERGE per batch and history table (before: one per shard with events, 3 per batch). Auto compaction adds
+    # commits of its own.
+    for kind in ("changelog", "scd2"):
+        operations = DeltaTable.forPath(spark, f"{lake}/_cdclake/{kind}/shop/orders").history().select("operation")
+        assert [r[0] for r in operations.collect()].count("MERGE") == 2
+
+    # The reference: each key's versions, replayed in Python.
+    expected: dict[int, list[tuple[str | None, str]]] = defaultdict(list)
+    live: dict[int, str | None] = {}
+    for _, op, key, value in changes:
+        expected[key].append((value, "DELETE" if op == "DELETE" else "UPSERT"))
+        if op == "DELETE":
+            live.pop(key)
+        else:
+            live[key] = value
+    scd2 = history_table(spark, lake, "scd2", "shop", "orders")
+    assert scd2 is not None
+    got: dict[int, list[tuple[str | None, str]]] = defaultdict(list)
+    for row in scd2.orderBy("_cdc_valid_from").collect():
+        got[row["id"]].append((row["v"], row["_cdc_op"]))
+    assert got == expected
+    current = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
+    lake_rows = lake_sink(spark, lake).read("shop", "orders").collect()
+    assert sorted((r["id"], r["v"]) for r in current) == sorted((r["id"], r["v"]) for r in lake_rows)
+    assert sorted((r["id"], r["v"]) for r in lake_rows) == sorted(live.items())
+    changelog = history_table(spark, lake, "changelog", "shop", "orders")
+    assert changelog is not None
+    logged = changelog.orderBy("_cdc_position").collect()
+    assert [(r["_cdc_vendor_op"], r["id"], r["v"]) for r in logged] == [(op, key, v) for _, op, key, v in changes]

@@ -110,13 +110,15 @@ def test_the_shards_benchmark_compares_both_ways_on_the_same_rows(
 ) -> None:
     from benchmarks import shards
 
-    argv = ["--shards", "2", "--messages", "300", "--batch", "300", "--repeats", "1", "--out", str(tmp_path)]
-    shards.main(argv, spark=spark)
+    argv = ["--shards", "2", "--messages", "300", "--batch", "300", "--repeats", "1", "--history"]
+    shards.main([*argv, "--out", str(tmp_path)], spark=spark)  # fails if the lakes or their history tables differ
     out = capsys.readouterr().out.splitlines()
     runs = [line for line in out if line.startswith("repeat 0 ")]
     assert len(runs) == 2
     assert len({line.rsplit(", ", 1)[1] for line in runs}) == 1  # the same rows both ways
+    assert all(float(line.split("history step ")[1].split(" s")[0]) > 0 for line in runs)
     assert out[-1].startswith("one MERGE per batch / one per shard: ")
+    assert ", history step " in out[-1]
 
 
 @pytest.mark.spark

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
@@ -181,6 +181,44 @@ class _Work:
     """Oldest order of the table's events in the batch."""
     truncates: list[tuple[str, datetime | None]]
     """(order, event time) of every TRUNCATE of the table in the batch, oldest first."""
+    table_ids: tuple[str, ...] = ()
+    """The source tables whose events go into this history table (:func:`apply.table_id`): the plan's, and those of
+    the other source tables that share its lake table and write with it (:func:`_together`)."""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.table_ids or (self.plan.table_id,)
+
+
+def _together(work: Sequence[_Work], path_of: Callable[[_Work], str]) -> list[_Work]:
+    """``work`` with the items that write one history table (source tables sharing a lake table: routed shards, one
+    name in several schemas) as one item, hence one MERGE and one commit per batch instead of one per source table,
+    when they have the same key columns and no TRUNCATE in the batch: the lake tables' MERGE units
+    (``Pipeline._merge_units``) follow the same rule. The others stay apart and are written in turns (``in_turns``).
+
+    Decided from the items only, so that a re-run of the batch makes the same commits."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[_Work]] = {}
+    items: list[_Work] = []
+    for item in sorted(work, key=lambda w: (w.plan.table_id, w.kind)):
+        if item.truncates:
+            items.append(item)
+        else:
+            keys = tuple(k.lower() for k in item.plan.key_columns)
+            groups.setdefault((item.kind, path_of(item), keys), []).append(item)
+    for first, *others in groups.values():
+        if not others:
+            items.append(first)
+            continue
+        # The lake table's columns, as each plan saw them: the union, should one plan predate a column.
+        columns = list(first.columns)
+        known = {name.lower() for name, _ in columns}
+        for item in others:
+            columns += [(name, t) for name, t in item.columns if name.lower() not in known]
+            known |= {name.lower() for name, _ in item.columns}
+        oldest = min(item.oldest for item in (first, *others))
+        table_ids = tuple(item.plan.table_id for item in (first, *others))
+        items.append(_Work(first.kind, first.plan, columns, oldest, [], table_ids))
+    return items
 
 
 class HistorySink:
@@ -269,14 +307,16 @@ class HistorySink:
 
         def write(item: _Work) -> None:
             if item.kind == "changelog":
-                table_events = relevant.where(table_id == item.plan.table_id)
+                table_events = relevant.where(table_id.isin(*item.sources))
                 self._changelog(item, table_events, row_keys, batch_id)
             else:
-                self._scd2(item, changes.where(F.col(apply.TABLE_ID) == item.plan.table_id))
+                self._scd2(item, changes.where(F.col(apply.TABLE_ID).isin(*item.sources)))
 
         # Tables are created and columns added first, outside the marker: only the data commits may carry it. Items
-        # of one history table (source tables sharing a lake table) go in turns, each turn with its own marker.
-        turns = in_turns(work, self._path_of, lambda item: f"{item.plan.table_id}\x00{item.kind}")
+        # of one history table that _together leaves apart go in turns, each turn with its own marker.
+        turns = in_turns(
+            _together(work, self._path_of), self._path_of, lambda item: f"{item.plan.table_id}\x00{item.kind}"
+        )
         for turn in turns:
             concurrently(prepare, turn, threads)
         for index, turn in enumerate(turns):
