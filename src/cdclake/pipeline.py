@@ -640,26 +640,22 @@ class Pipeline:
         changelog logs the rows it starts with. Both in one commit per history table."""
         if not (self.settings.changelog or self.settings.scd2):
             return
-        cleared = [c.table for c in step.changes if self.evolution.clears(c)]
-        if not cleared:
+        clearing = [c for c in step.changes if self.evolution.clears(c)]
+        if not clearing:
             return
         statement = good.where((F.col(model.OP) == Op.DDL.value) & (apply.effective_order(good) == F.lit(step.order)))
         truncates = [
             statement.withColumns(
                 {
                     model.OP: F.lit(Op.TRUNCATE.value),
-                    model.DATABASE: F.lit(name.database).cast("string"),
-                    model.SCHEMA: F.lit(name.schema).cast("string"),
-                    model.TABLE: F.lit(name.table),
+                    model.DATABASE: F.lit(change.table.database).cast("string"),
+                    model.SCHEMA: F.lit(change.table.schema).cast("string"),
+                    model.TABLE: F.lit(change.table.table),
                 }
             )
-            for name in cleared
+            for change in clearing
         ]
-        renamed = [
-            c.new_table
-            for c in step.changes
-            if c.kind == "rename_table" and c.new_table is not None and self.evolution.clears(c)
-        ]
+        renamed = [c.new_table for c in clearing if c.kind == "rename_table" and c.new_table is not None]
         moved = [rows for name in renamed if (rows := self._moved_rows(statement, name)) is not None]
         events = reduce(DataFrame.unionByName, [*truncates, *moved])
         plans = apply.plan_tables(events, self.settings.keys)

@@ -181,13 +181,9 @@ class _Work:
     """Oldest order of the table's events in the batch."""
     truncates: list[tuple[str, datetime | None]]
     """(order, event time) of every TRUNCATE of the table in the batch, oldest first."""
-    table_ids: tuple[str, ...] = ()
+    sources: tuple[str, ...]
     """The source tables whose events go into this history table (:func:`apply.table_id`): the plan's, and those of
     the other source tables that share its lake table and write with it (:func:`_together`)."""
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return self.table_ids or (self.plan.table_id,)
 
 
 def _together(work: Sequence[_Work], path_of: Callable[[_Work], str]) -> list[_Work]:
@@ -216,8 +212,8 @@ def _together(work: Sequence[_Work], path_of: Callable[[_Work], str]) -> list[_W
             columns += [(name, t) for name, t in item.columns if name.lower() not in known]
             known |= {name.lower() for name, _ in item.columns}
         oldest = min(item.oldest for item in (first, *others))
-        table_ids = tuple(item.plan.table_id for item in (first, *others))
-        items.append(_Work(first.kind, first.plan, columns, oldest, [], table_ids))
+        sources = tuple(item.plan.table_id for item in (first, *others))
+        items.append(_Work(first.kind, first.plan, columns, oldest, [], sources))
     return items
 
 
@@ -291,9 +287,9 @@ class HistorySink:
                 truncate_times[truncate["order"]] = event_time if known is None else min(known, event_time or known)
             truncates = sorted(truncate_times.items())
             if plan.table_id in logged:
-                work.append(_Work("changelog", plan, columns, row["oldest"], truncates))
+                work.append(_Work("changelog", plan, columns, row["oldest"], truncates, (plan.table_id,)))
             if plan.table_id in versioned:
-                work.append(_Work("scd2", plan, columns, row["oldest"], truncates))
+                work.append(_Work("scd2", plan, columns, row["oldest"], truncates, (plan.table_id,)))
         changes = apply.row_changes(relevant, keys)
         row_keys = apply.effective_keys(relevant, keys)
 
