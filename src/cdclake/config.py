@@ -24,6 +24,7 @@ Example::
       - {tables: ["crm.*"], to: "ods.crm_{table}"}            # rename; placeholders {database} {schema} {table}
     keys: {crm.audit_log: [id], "shop.orders_*": [order_id]}   # key columns for tables whose messages carry none
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
+    #   ddl.online_schema_change: true  -> gh-ost / pt-online-schema-change: keep the table, apply the ghost's changes
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
     # keys, ddl.tables, sequence_by and history take names or patterns; the most specific match wins
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
@@ -46,7 +47,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cdclake.exceptions import ConfigError, UnknownFormatError
-from cdclake.tables import TableFilter, TableRoutes, check_pattern, check_target
+from cdclake.tables import (
+    GHOST_TABLES,
+    TRASH_TABLES,
+    OnlineSchemaChange,
+    TableFilter,
+    TableRoutes,
+    check_helper_template,
+    check_pattern,
+    check_target,
+)
 
 SECRET_KEY = re.compile(r"password|secret|jaas|token|credential|(^|\.)key($|\.)|keystore|truststore", re.IGNORECASE)
 
@@ -71,6 +81,8 @@ FIXES: dict[str, str] = {
     "sequence_by": "map `db.table`, `table` or a pattern (`*` for every table) to the column that orders changes, "
     "e.g. `{shop.orders: version}`",
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}` (tables may be patterns)",
+    "ddl.online_schema_change": "use `online_schema_change: true` under `ddl:` (gh-ost and pt-online-schema-change "
+    "names), or `{ghost_tables: [_{table}_gho], trash_tables: [_{table}_del]}`: table names with `{table}` once",
     "history": "use `history: {changelog: true, scd2: [crm.customer]}`: `true` for every table, `false` for none, "
     "or a list of `db.table` names or patterns",
     "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
@@ -147,16 +159,47 @@ class TriggerConfig(_Strict):
     available_now: bool = False
 
 
+class OnlineSchemaChangeConfig(_Strict):
+    """The helper tables of online schema change tools (cdclake.tables.OnlineSchemaChange): names with ``{table}``."""
+
+    ghost_tables: list[str] = Field(default_factory=lambda: list(GHOST_TABLES))
+    trash_tables: list[str] = Field(default_factory=lambda: list(TRASH_TABLES))
+
+    @field_validator("ghost_tables", "trash_tables")
+    @classmethod
+    def _templates(cls, value: list[str]) -> list[str]:
+        for template in value:
+            problem = check_helper_template(template)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+
 class DdlConfig(_Strict):
     """What DDL statements from the source do to lake tables (see cdclake.evolve)."""
 
     policy: Literal["evolve", "ignore", "fail"] = "evolve"
     tables: dict[str, Literal["evolve", "ignore", "fail"]] = Field(default_factory=dict)
+    online_schema_change: OnlineSchemaChangeConfig | None = None
+    """``true`` for the helper table names of gh-ost and pt-online-schema-change; off by default."""
 
     @field_validator("tables")
     @classmethod
     def _names(cls, value: dict[str, str]) -> dict[str, str]:
         return _checked_names(value)
+
+    @field_validator("online_schema_change", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        return None if value is False else value
+
+    def online(self) -> OnlineSchemaChange | None:
+        setting = self.online_schema_change
+        if setting is None:
+            return None
+        return OnlineSchemaChange(tuple(setting.ghost_tables), tuple(setting.trash_tables))
 
 
 def _checked_patterns(value: list[str]) -> list[str]:

@@ -10,7 +10,7 @@ change              statements (MySQL / Oracle / PostgreSQL / SQL Server spellin
 ``drop_column``     ``ALTER TABLE t DROP [COLUMN] c``
 ``rename_column``   ``ALTER TABLE t RENAME COLUMN a TO b``, MySQL ``CHANGE [COLUMN] a b type``
 ``modify_column``   MySQL ``MODIFY [COLUMN] c type``, Oracle ``MODIFY (c type)``, ``ALTER COLUMN c [SET DATA] TYPE t``
-``create_table``    ``CREATE TABLE t (c type, ...)``
+``create_table``    ``CREATE TABLE t (c type, ...)``, ``CREATE TABLE t LIKE other``
 ``drop_table``      ``DROP TABLE t``
 ``rename_table``    ``ALTER TABLE a RENAME TO b``, MySQL ``RENAME TABLE a TO b``
 ``truncate``        ``TRUNCATE TABLE t``
@@ -68,6 +68,7 @@ class SchemaChange:
         spark_type: new column type, ``None`` if the SQL type has no lossless Spark type.
         new_table: ``rename_table`` target.
         columns: ``create_table`` columns (name, Spark type or None).
+        like: ``create_table``: the table whose columns the new one copies (``CREATE TABLE t LIKE other``).
     """
 
     kind: ChangeKind
@@ -77,6 +78,7 @@ class SchemaChange:
     spark_type: str | None = None
     new_table: TableName | None = None
     columns: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)
+    like: TableName | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,9 @@ DIALECTS: dict[str, str] = {
 }
 """Source database type (case-insensitive, as formats report it) -> sqlglot dialect."""
 
+_COMMENT = re.compile(r"/\*(?!!).*?\*/", re.S)
+"""A ``/* ... */`` comment, except MySQL's executable ``/*! ... */``: tools mark their statements with one
+(gh-ost: ``rename /* gh-ost */ table ...``)."""
 _TABLE_CHANGE = re.compile(r"^\s*(ALTER\s+TABLE|CREATE\s+TABLE|DROP\s+TABLE|RENAME\s+TABLE|TRUNCATE)\b", re.I)
 _RENAME_TABLES = re.compile(r"^\s*RENAME\s+TABLE\s+(.+?)\s*;?\s*$", re.I | re.S)
 _ORACLE_MODIFY = re.compile(r"^\s*ALTER\s+TABLE\s+(\S+)\s+MODIFY\s*\((.*)\)\s*;?\s*$", re.I | re.S)
@@ -117,10 +122,12 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
     """Parses one DDL statement of a source into schema changes (never executes anything)."""
     dialect = dialect_of(db_type)
     names = _Names(dialect, database, schema)
-    rename = _RENAME_TABLES.match(text)
+    bare = _COMMENT.sub(" ", text)
+    rename = _RENAME_TABLES.match(bare)
     if rename:  # MySQL's RENAME TABLE a TO b[, c TO d]: sqlglot keeps it as an opaque command
+        names.dialect = names.dialect or "mysql"  # MySQL's statement (backquoted names), from a source of no type
         return _rename_tables(rename.group(1), names)
-    modify = _ORACLE_MODIFY.match(text)
+    modify = _ORACLE_MODIFY.match(bare)
     if modify:  # Oracle's MODIFY (c type, ...): parsed as the column list of a CREATE TABLE
         return _oracle_modify(modify.group(1), modify.group(2), names)
     statements: list[Any] = []
@@ -156,7 +163,7 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
 
 
 def _unparsed(text: str, reason: str) -> ParsedDdl:
-    if _TABLE_CHANGE.match(text):
+    if _TABLE_CHANGE.match(_COMMENT.sub(" ", text)):
         return ParsedDdl(error=reason)
     return ParsedDdl(ignored=f"not a table change ({reason})")
 
@@ -249,6 +256,11 @@ def _alter_action(action: exp.Expression, table: TableName, names: _Names) -> Sc
 
 def _create(statement: exp.Create, names: _Names) -> ParsedDdl:
     schema = statement.this
+    # MySQL's CREATE TABLE t LIKE other; PostgreSQL's CREATE TABLE t (LIKE other) is a column list of one LIKE.
+    like = statement.find(exp.LikeProperty)
+    if like is not None and isinstance(like.this, exp.Table):
+        created = schema.this if isinstance(schema, exp.Schema) else schema
+        return ParsedDdl((SchemaChange("create_table", names.table(created), like=names.table(like.this)),))
     if not isinstance(schema, exp.Schema):
         return ParsedDdl(ignored="CREATE TABLE without a column list (e.g. AS SELECT / LIKE)")
     columns = tuple(

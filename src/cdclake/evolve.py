@@ -17,14 +17,25 @@ Two sources of schema change:
   would drop the values; otherwise the values that do not fit go to the dead letters (the pipeline's misfit
   check).
 
-Every DDL and TRUNCATE event is recorded in ``_cdclake/schema_changes`` with its outcome.
+Every DDL and TRUNCATE event is recorded in ``_cdclake/schema_changes`` (:data:`SCHEMA_CHANGES`) with its outcome.
+
+**Online schema change** (``ddl.online_schema_change``, :class:`cdclake.tables.OnlineSchemaChange`): gh-ost and
+pt-online-schema-change alter a table ``t`` by creating a ghost table (``_t_gho``, ``_t_new``), altering it,
+copying ``t``'s rows into it while forwarding ``t``'s changes, and swapping it in at the cut-over: ``RENAME TABLE
+t TO _t_del, _t_gho TO t`` (or the same as two statements). The lake instead keeps ``t`` and applies the ghost's
+changes to it at the cut-over, as TiDB DM's ``online-ddl`` and Flink CDC's online schema change parsing do: the
+copy and its changes never land (``t``'s own events carry the same rows), no table's rows move, and ``t`` gets
+the altered columns at the position of the swap. Statements about a ghost table are recorded with the outcome
+``held for the cut-over of ...``; the cut-over reads them back from ``schema_changes`` (earlier batches) and from
+the batch, since the ghost was last created, dropped or swapped in (an aborted copy's changes are dropped with
+it). The pipeline drops the row events of the helper tables (they are counted as excluded tables).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from pyspark.sql import DataFrame
@@ -35,9 +46,14 @@ from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid
 from cdclake.exceptions import TerminalError
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn, quote
-from cdclake.tables import PerTable, TableFilter
+from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter
 
 log = logging.getLogger(__name__)
+
+SCHEMA_CHANGES: Final = "schema_changes"
+"""The bookkeeping table of every DDL and TRUNCATE event with its outcome."""
+ONLINE_SCHEMA_CHANGE: Final = "online schema change"
+"""In the outcome of every statement about the helper tables of an online schema change."""
 
 Policy = Literal["evolve", "ignore", "fail"]
 POLICIES: tuple[Policy, ...] = ("evolve", "ignore", "fail")
@@ -57,6 +73,8 @@ class SchemaEvent:
     outcome: str = ""
     dead_letter: str | None = None
     """Reason, when the statement must go to the dead letters."""
+    notes: list[str] = field(default_factory=list)
+    """What the outcome says before the outcomes of the changes applied (an online schema change's steps)."""
 
     @property
     def changes(self) -> tuple[SchemaChange, ...]:
@@ -69,6 +87,10 @@ def _ident(name: TableName) -> tuple[str | None, str | None, str]:
 
 def _table_id(name: TableName) -> str:
     return apply.table_id_of(*_ident(name))
+
+
+def _name(table: TableName) -> str:
+    return ".".join(part for part in _ident(table) if part)
 
 
 def schema_events(frame: DataFrame) -> list[SchemaEvent]:
@@ -115,6 +137,7 @@ class SchemaEvolution:
         policy: Policy = "evolve",
         table_policies: Mapping[str, Policy] | None = None,
         tables: TableFilter | None = None,
+        online_schema_change: OnlineSchemaChange | None = None,
     ):
         self.sink = sink
         self.policy = policy
@@ -124,6 +147,9 @@ class SchemaEvolution:
         self.tables = tables or TableFilter()
         # Set by the pipeline for each batch: which other source table has rows in a table's lake table.
         self.shared_with: SharedWith = shares_nothing
+        self.online_schema_change = online_schema_change
+        # The batch's statements about online schema change helper tables so far, with their changes as parsed.
+        self._helper_statements: list[tuple[SchemaEvent, tuple[SchemaChange, ...]]] = []
 
     def policy_for(self, table: TableName) -> Policy:
         """The table's ``ddl.tables`` entry (name or pattern, the most specific wins), else the pipeline's policy."""
@@ -136,8 +162,11 @@ class SchemaEvolution:
     def collect(self, good: DataFrame) -> list[SchemaEvent]:
         """The batch's DDL and TRUNCATE events, parsed and classified (policy ``fail`` raises here)."""
         events = schema_events(good.where(F.col(model.OP).isin(Op.DDL.value, Op.TRUNCATE.value)))
+        self._helper_statements = []
         for event in events:
             self._classify(event)
+            if event.notes:  # the online schema change's steps first (apply_event writes them again)
+                event.outcome = "; ".join([*event.notes, *([event.outcome] if event.outcome else [])])
         return events
 
     def _classify(self, event: SchemaEvent) -> None:
@@ -160,14 +189,16 @@ class SchemaEvolution:
             return
         for change in parsed.changes:
             names = [(change.table.table, False), *((n, True) for n in (change.column, change.new_name) if n)]
-            if change.new_table is not None:
-                names.append((change.new_table.table, False))
+            names += [(other.table, False) for other in (change.new_table, change.like) if other is not None]
             names += [(n, True) for n, _ in change.columns]
             problems = [p for p in (invalid_name(n, column=c) for n, c in names) if p]
             if problems:
                 event.dead_letter = f"DDL not applied: {problems[0]}"
                 event.outcome = f"dead letter: {problems[0]}"
                 return
+        if self.online_schema_change is not None and self._online_schema_change(event, self.online_schema_change):
+            return
+        parsed = event.parsed
         if not any(self.tables.admits(*_ident(change.table)) for change in parsed.changes):
             event.outcome = "not applied: table excluded"
             event.parsed = ParsedDdl(ignored="table excluded")
@@ -186,6 +217,88 @@ class SchemaEvolution:
         if policies == {"ignore"}:
             event.outcome = "not applied: policy ignore"
             event.parsed = ParsedDdl(ignored="policy ignore")
+
+    def _online_schema_change(self, event: SchemaEvent, online: OnlineSchemaChange) -> bool:
+        """Rewrites the changes of a statement about online schema change helper tables (see the module doc): a
+        ghost's changes are held, the helper tables are left alone, the cut-over applies the held changes to the
+        table. Returns True when nothing is left to apply (the outcome is then set)."""
+        assert event.parsed is not None
+        parsed = event.parsed.changes
+        kept: list[SchemaChange] = []
+        for change in parsed:
+            table, target = change.table, change.new_table
+            original = online.ghost_of(table.table)
+            if original is not None:
+                swapped_to = replace(table, table=original)
+                if change.kind == "rename_table" and target == swapped_to:
+                    held = [replace(c, table=swapped_to) for c in self._held_changes(table, event)]
+                    kept += held
+                    event.notes.append(
+                        f"{ONLINE_SCHEMA_CHANGE} cut-over of {_name(swapped_to)}: "
+                        + (
+                            f"{len(held)} held changes of {_name(table)}"
+                            if held
+                            else f"nothing held for {_name(table)}"
+                        )
+                    )
+                elif change.kind in ("create_table", "drop_table", "rename_table"):
+                    event.notes.append(f"not applied: {ONLINE_SCHEMA_CHANGE} ghost table {_name(table)}")
+                else:
+                    event.notes.append(f"held for the cut-over of {_name(swapped_to)} ({ONLINE_SCHEMA_CHANGE})")
+            elif online.trash_of(table.table) is not None:
+                event.notes.append(f"not applied: {ONLINE_SCHEMA_CHANGE} helper table {_name(table)}")
+            elif (
+                change.kind == "rename_table"
+                and target is not None
+                and online.trash_of(target.table) == table.table
+                and _ident(target)[:2] == _ident(table)[:2]
+            ):
+                event.notes.append(f"not applied: {ONLINE_SCHEMA_CHANGE} cut-over, {_name(table)} keeps its rows")
+            else:
+                kept.append(change)
+        if not event.notes:
+            return False
+        self._helper_statements.append((event, parsed))
+        event.parsed = ParsedDdl(tuple(kept), ignored=None if kept else ONLINE_SCHEMA_CHANGE)
+        return not kept
+
+    def _held_changes(self, ghost: TableName, cut_over: SchemaEvent) -> list[SchemaChange]:
+        """The changes of ``ghost`` since it was last created, dropped or swapped in, before ``cut_over``: from the
+        statements ``schema_changes`` recorded as about helper tables, then from the batch's."""
+        statements: list[tuple[SchemaChange, ...]] = []
+        batch = {(e.row[model.TOPIC], e.row[model.PARTITION], e.row[model.OFFSET]) for e, _ in self._helper_statements}
+        batch.add((cut_over.row[model.TOPIC], cut_over.row[model.PARTITION], cut_over.row[model.OFFSET]))
+        stored = self.sink.read_system(SCHEMA_CHANGES)
+        if stored is not None:
+            rows = (
+                stored.where(F.col("outcome").contains(ONLINE_SCHEMA_CHANGE) & F.col(model.DDL).isNotNull())
+                .select(
+                    "recorded_at", model.TOPIC, model.PARTITION, model.OFFSET, model.DATABASE, model.SCHEMA, model.DDL
+                )
+                .collect()
+            )
+            for row in sorted(rows, key=lambda r: (r["recorded_at"], r[1] or "", r[2] or 0, r[3] or 0)):
+                if (row[model.TOPIC], row[model.PARTITION], row[model.OFFSET]) in batch:
+                    continue  # this batch's, recorded by an earlier attempt of it
+                statements.append(
+                    parse_ddl(
+                        row[model.DDL],
+                        db_type=cut_over.row[model.DB_TYPE],
+                        database=row[model.DATABASE],
+                        schema=row[model.SCHEMA],
+                    ).changes
+                )
+        statements += [changes for event, changes in self._helper_statements if event.order < cut_over.order]
+        held: list[SchemaChange] = []
+        for changes in statements:
+            for change in changes:
+                if change.table == ghost and change.kind in ("create_table", "drop_table", "rename_table"):
+                    held = []  # a new copy, an aborted one, or the cut-over: what was held is gone with it
+                elif change.table == ghost:
+                    held.append(change)
+                elif change.kind == "rename_table" and change.new_table == ghost:
+                    held = []
+        return held
 
     def clears(self, change: SchemaChange) -> bool:
         """Whether ``change`` deletes the rows of its table's lake table (a rename within one lake table does not)."""
@@ -226,7 +339,7 @@ class SchemaEvolution:
                 event.dead_letter = f"DDL not applied: {exc}"
                 outcomes.append(f"dead letter: {exc}")
                 break
-        event.outcome = "; ".join(outcomes)
+        event.outcome = "; ".join([*event.notes, *outcomes])
         log.info("DDL %r at %s: %s", event.row[model.DDL], event.order, event.outcome)
 
     def _apply_change(self, change: SchemaChange, order: str, txn: Txn | None) -> str:
@@ -240,8 +353,16 @@ class SchemaEvolution:
         if kind == "create_table":
             if columns is not None:
                 return "nothing to do: table exists"
-            typed = [(n, t) for n, t in change.columns if t is not None]
             plan = self._plan(change.table, None)
+            if change.like is not None:
+                copied = sink.columns(*_ident(change.like))
+                if copied is None:
+                    return f"nothing to do: {_name(change.like)} is not in the lake; the columns come with data"
+                plan.columns = list(copied)
+                plan.key_columns = sink.key_columns(*_ident(change.like))
+                sink.ensure_table(plan)
+                return f"applied: table created with the columns of {_name(change.like)}"
+            typed = [(n, t) for n, t in change.columns if t is not None]
             plan.columns = typed
             sink.ensure_table(plan)
             untyped = [n for n, t in change.columns if t is None]

@@ -39,7 +39,15 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
 from cdclake.ddl import TableName
-from cdclake.evolve import Policy, SchemaEvent, SchemaEvolution, SharedWith, schema_events, shares_nothing
+from cdclake.evolve import (
+    SCHEMA_CHANGES,
+    Policy,
+    SchemaEvent,
+    SchemaEvolution,
+    SharedWith,
+    schema_events,
+    shares_nothing,
+)
 from cdclake.formats import decode_batch, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -52,7 +60,7 @@ from cdclake.model import Op
 from cdclake.sinks import TableFormat, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
 from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
-from cdclake.tables import TableFilter, TableRoutes
+from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +86,6 @@ SMALL_BATCH_SETTINGS: Final = {
 
 DEAD_LETTERS = "dead_letters"
 PROGRESS = "progress"
-SCHEMA_CHANGES = "schema_changes"
 SCHEMA_CHANGE_ROW = (
     "database string, schema string, table string, op string, vendor_op string, ddl string, position string, "
     "event_time timestamp, topic string, partition int, offset bigint, outcome string"
@@ -126,6 +133,9 @@ class PipelineSettings:
         merge_threads: how many tables' MERGEs of a batch run concurrently.
         ddl_policy: what DDL statements do to lake tables: ``evolve``, ``ignore`` or ``fail`` (see cdclake.evolve).
         ddl_table_policies: table name or pattern -> policy, overriding ``ddl_policy``.
+        online_schema_change: when set, the helper tables of online schema change tools (gh-ost,
+            pt-online-schema-change) do not land, and a cut-over applies the ghost table's changes to the table
+            (see cdclake.evolve); their row events are counted as excluded tables'.
         sequence_by: table name or pattern (``*``: every table) -> column whose value orders the table's changes
             instead of the format's position (see :func:`cdclake.apply.sequenced`).
         changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
@@ -162,6 +172,7 @@ class PipelineSettings:
     # 72.5 s with 4 threads and 50.4 s with 8 (python -m benchmarks.ab --variant threads-8 --tables 100).
     ddl_policy: Policy = "evolve"
     ddl_table_policies: Mapping[str, Policy] = field(default_factory=dict)
+    online_schema_change: OnlineSchemaChange | None = None
     sequence_by: Mapping[str, str] = field(default_factory=dict)
     changelog: history.TableSelection = False
     scd2: history.TableSelection = False
@@ -264,7 +275,13 @@ class Pipeline:
         )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)
-        self.evolution = SchemaEvolution(self.sink, settings.ddl_policy, settings.ddl_table_policies, settings.tables)
+        self.evolution = SchemaEvolution(
+            self.sink,
+            settings.ddl_policy,
+            settings.ddl_table_policies,
+            settings.tables,
+            settings.online_schema_change,
+        )
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
@@ -386,10 +403,11 @@ class Pipeline:
     def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
             summary = _summary(events)
-        excluded = self._excluded_tables(summary)
+        helpers = self._helper_tables(summary)
+        excluded = self._excluded_tables(summary) - helpers  # a helper's statements count even when excluded
         for row in summary:
             result.messages += row["n"]
-            if _table_id_of(row) in excluded:
+            if _table_id_of(row) in excluded or (_table_id_of(row) in helpers and row[model.OP] != Op.DDL):
                 result.excluded += row["n"]
             elif row["bad"]:
                 result.dead_letters += row["n"]
@@ -397,12 +415,14 @@ class Pipeline:
                 result.ops[str(row[model.OP])] = result.ops.get(str(row[model.OP]), 0) + row["n"]
         if result.messages == 0:
             return result
-        if excluded:
+        if excluded or helpers:
             table = F.col(model.TABLE)
-            ids = sorted(excluded)
-            events = events.where(
-                table.isNull() | ~apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), table).isin(*ids)
-            )
+            table_id = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), table)
+            left_out = table_id.isin(*sorted(excluded)) if excluded else F.lit(False)
+            if helpers:  # their statements are kept: the cut-over needs them (cdclake.evolve)
+                left_out = left_out | (table_id.isin(*sorted(helpers)) & (F.col(model.OP) != Op.DDL.value))
+            events = events.where(table.isNull() | ~left_out)
+            excluded = excluded | helpers
         self._note_landed(summary, excluded)
         shared_with = self._shared_with(summary, excluded) if _clears_tables(result.ops) else shares_nothing
         self.evolution.shared_with = shared_with
@@ -425,6 +445,15 @@ class Pipeline:
             return set()
         found = {(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) for row in summary}
         return {apply.table_id_of(*ident) for ident in found if ident[2] is not None and not tables.admits(*ident)}
+
+    def _helper_tables(self, summary: Sequence[Row]) -> set[str]:
+        """The batch's tables that are helper tables of an online schema change (``online_schema_change``), by
+        :func:`cdclake.apply.table_id`; their row events do not land."""
+        online = self.settings.online_schema_change
+        if online is None:
+            return set()
+        found = {_ident_of(row) for row in summary if online.is_helper(row[model.TABLE])}
+        return {apply.table_id_of(*ident) for ident in found}
 
     def _note_landed(self, summary: Sequence[Row], excluded: set[str]) -> None:
         """Adds the batch's landed source tables to :attr:`_landed`, once that is loaded (see :meth:`_shared_with`)."""

@@ -18,7 +18,7 @@ from cdclake.sinks import TableFormat
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
-from cdclake.tables import TableFilter, TableRoutes
+from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         name=config.name,
         ddl_policy=config.ddl.policy,
         ddl_table_policies=dict(config.ddl.tables),
+        online_schema_change=config.ddl.online(),
         sequence_by=dict(config.sequence_by),
         changelog=config.history.changelog,
         scd2=config.history.scd2,
@@ -202,6 +203,7 @@ def replay(
     on_batch: BatchCallback | None = None,
     ddl_policy: Policy = "evolve",
     ddl_table_policies: Mapping[str, Policy] | None = None,
+    online_schema_change: OnlineSchemaChange | None = None,
     sequence_by: Mapping[str, str] | None = None,
     changelog: TableSelection = False,
     scd2: TableSelection = False,
@@ -213,7 +215,8 @@ def replay(
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
     ``tables`` selects the source tables that land (see cdclake.tables; default all), ``routes`` their lake tables
-    (default ``<database>/<table>``);
+    (default ``<database>/<table>``); ``online_schema_change``: gh-ost / pt-online-schema-change handling (see
+    cdclake.evolve);
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
@@ -235,6 +238,7 @@ def replay(
         name="replay",
         ddl_policy=ddl_policy,
         ddl_table_policies=dict(ddl_table_policies or {}),
+        online_schema_change=online_schema_change,
         sequence_by=dict(sequence_by or {}),
         changelog=changelog,
         scd2=scd2,

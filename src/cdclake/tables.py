@@ -15,6 +15,9 @@ no per-row Python.
 Routes (:class:`TableRoutes`) name the lake table of a source table: by default ``<database>/<table>``; a rule
 can rename it (``ods.{database}_{table}``) or merge several source tables into one (sharded ``orders_00..63`` into
 ``shop.orders``). Only the lake's naming changes: the events, progress and status keep the source names.
+
+Online schema change tools (:class:`OnlineSchemaChange`, ``ddl.online_schema_change``) copy a table into a ghost
+table, alter the ghost, and swap it in with ``RENAME TABLE``; their helper tables are known by their names.
 """
 
 from __future__ import annotations
@@ -236,3 +239,73 @@ class TableRoutes:
                 lake_database, lake_table = rule.target(database, schema, table)
                 return lake_database or own, lake_table or table
         return own, table
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Online schema change: the helper tables of gh-ost and pt-online-schema-change
+
+GHOST_TABLES: Final = ("_{table}_gho", "_{table}_new")
+"""The ghost tables of gh-ost (``_t_gho``) and pt-online-schema-change (``_t_new``): a copy of ``t`` that the tool
+alters, fills with ``t``'s rows and changes, and renames to ``t`` at the cut-over."""
+TRASH_TABLES: Final = ("_{table}_ghc", "_{table}_del", "_{table}_old")
+"""The other helper tables: gh-ost's changelog (``_t_ghc``) and the name ``t`` is renamed to at the cut-over
+(gh-ost ``_t_del``, pt-online-schema-change ``_t_old``), dropped afterwards."""
+
+
+def check_helper_template(template: str) -> str | None:
+    """Why ``template`` is not a helper table template (a table name with one ``{table}``), or None."""
+    if template.count("{table}") != 1:
+        return f"{template!r} must hold {{table}} once (the name of the table being changed)"
+    literal = template.replace("{table}", "")
+    if not literal:
+        return f"{template!r} names the table itself: add a prefix or suffix"
+    if "{" in literal or "}" in literal or "." in literal:
+        return f"{template!r} has a brace or a dot outside {{table}} (the helper is in the table's own database)"
+    return None
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    before, after = template.split("{table}")
+    return re.compile(f"{glob_regex(before)}(.+){glob_regex(after)}", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class OnlineSchemaChange:
+    """The helper tables of online schema change tools, by name templates (``{table}``: the table being changed;
+    ``*`` and ``?`` as in table patterns). See cdclake.evolve for what the pipeline does with them."""
+
+    ghost_tables: tuple[str, ...] = GHOST_TABLES
+    trash_tables: tuple[str, ...] = TRASH_TABLES
+
+    def __post_init__(self) -> None:
+        for template in (*self.ghost_tables, *self.trash_tables):
+            problem = check_helper_template(template)
+            if problem:
+                raise ValueError(f"online schema change: {problem}")
+
+    @cached_property
+    def _ghosts(self) -> Sequence[re.Pattern[str]]:
+        return [_template_regex(t) for t in self.ghost_tables]
+
+    @cached_property
+    def _trash(self) -> Sequence[re.Pattern[str]]:
+        return [_template_regex(t) for t in self.trash_tables]
+
+    @staticmethod
+    def _original(patterns: Sequence[re.Pattern[str]], table: str) -> str | None:
+        for pattern in patterns:
+            match = pattern.fullmatch(table)
+            if match:
+                return match.group(1)
+        return None
+
+    def ghost_of(self, table: str) -> str | None:
+        """The name of the table that ``table`` is the ghost of, or None."""
+        return self._original(self._ghosts, table)
+
+    def trash_of(self, table: str) -> str | None:
+        """The name of the table that ``table`` is another helper table of, or None."""
+        return self._original(self._trash, table)
+
+    def is_helper(self, table: str | None) -> bool:
+        return table is not None and (self.ghost_of(table) is not None or self.trash_of(table) is not None)

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cdclake.exceptions import CdclakeError, ConfigError, InputError
-from cdclake.tables import TableFilter, TableRoutes, check_pattern, check_target
+from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes, check_pattern, check_target
 
 if TYPE_CHECKING:
     from cdclake.dlq import DeadLetter, DeadLetterFilter
@@ -167,6 +167,14 @@ def replay(
     ddl_policy: Annotated[
         str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
     ] = "evolve",
+    online_schema_change: Annotated[
+        bool,
+        typer.Option(
+            "--online-schema-change",
+            help="gh-ost / pt-online-schema-change: ghost and helper tables do not land; the cut-over applies the "
+            "ghost's changes to the table.",
+        ),
+    ] = False,
     transaction_consistent: Annotated[
         bool,
         typer.Option(
@@ -237,6 +245,7 @@ def replay(
             routes=routes,
             batch_lines=batch_lines,
             ddl_policy=ddl_policy,  # type: ignore[arg-type]
+            online_schema_change=OnlineSchemaChange() if online_schema_change else None,
             transaction_consistent=transaction_consistent,
             format_options=format_options,
             sequence_by=sequence_map,
