@@ -166,6 +166,7 @@ def scenario() -> list[str]:
         ddl_message("customer", "ALTER TABLE customer FROBNICATE"),  # not understood: dead letter
         ddl_message("customer", "RENAME TABLE customer TO client", "RENAME"),
         row_message("INSERT", "client", [{"id": "5", "full_name": "e", "qty": "1", "tier": "gold"}], widened_qty),
+        ddl_message("client_copy", "CREATE TABLE `client_copy` LIKE `client`", "CREATE"),
         ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1))", "CREATE"),
         ddl_message("scratch", "DROP TABLE scratch", "ERASE"),
     ]
@@ -201,6 +202,9 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert schema["qty"] == "bigint"
     assert "score" not in schema
     assert "name" not in schema
+    copy = spark.read.format("delta").load(f"{lake}/crm/client_copy")
+    assert copy.count() == 0
+    assert copy.dtypes == spark.read.format("delta").load(f"{lake}/crm/client").dtypes
     scratch = spark.read.format("delta").load(f"{lake}/crm/scratch")
     assert scratch.count() == 0
     assert dict(scratch.dtypes)["flag"] == "boolean"
@@ -215,6 +219,9 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert outcomes["ALTER TABLE customer MODIFY COLUMN tier bigint"].startswith("dead letter: column tier: string")
     assert outcomes["CREATE INDEX by_tier ON customer (tier)"].startswith("ignored:")
     assert outcomes["RENAME TABLE customer TO client"] == "applied: rows moved to crm.client"
+    assert (
+        outcomes["CREATE TABLE `client_copy` LIKE `client`"] == "applied: table created with the columns of crm.client"
+    )
     reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
     assert len(reasons) == 2
     assert reasons[0].startswith("DDL not applied: DDL syntax not understood")

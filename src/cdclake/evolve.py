@@ -89,6 +89,14 @@ def _table_id(name: TableName) -> str:
     return apply.table_id_of(*_ident(name))
 
 
+_COORDINATES: Final = (model.TOPIC, model.PARTITION, model.OFFSET)
+"""The columns that name an event's message, in events and in ``schema_changes`` rows."""
+
+
+def _coordinates(event: SchemaEvent) -> tuple[Any, ...]:
+    return tuple(event.row[c] for c in _COORDINATES)
+
+
 def _name(table: TableName) -> str:
     return ".".join(part for part in _ident(table) if part)
 
@@ -148,8 +156,10 @@ class SchemaEvolution:
         # Set by the pipeline for each batch: which other source table has rows in a table's lake table.
         self.shared_with: SharedWith = shares_nothing
         self.online_schema_change = online_schema_change
-        # The batch's statements about online schema change helper tables so far, with their changes as parsed.
+        # The batch's statements about online schema change helper tables so far, with their changes as parsed, and
+        # the messages of the batch's statements (those an earlier attempt at the batch may have recorded).
         self._helper_statements: list[tuple[SchemaEvent, tuple[SchemaChange, ...]]] = []
+        self._batch_messages: set[tuple[Any, ...]] = set()
 
     def policy_for(self, table: TableName) -> Policy:
         """The table's ``ddl.tables`` entry (name or pattern, the most specific wins), else the pipeline's policy."""
@@ -163,6 +173,7 @@ class SchemaEvolution:
         """The batch's DDL and TRUNCATE events, parsed and classified (policy ``fail`` raises here)."""
         events = schema_events(good.where(F.col(model.OP).isin(Op.DDL.value, Op.TRUNCATE.value)))
         self._helper_statements = []
+        self._batch_messages = {_coordinates(event) for event in events}
         for event in events:
             self._classify(event)
             if event.notes:  # the online schema change's steps first (apply_event writes them again)
@@ -266,20 +277,22 @@ class SchemaEvolution:
         """The changes of ``ghost`` since it was last created, dropped or swapped in, before ``cut_over``: from the
         statements ``schema_changes`` recorded as about helper tables, then from the batch's."""
         statements: list[tuple[SchemaChange, ...]] = []
-        batch = {(e.row[model.TOPIC], e.row[model.PARTITION], e.row[model.OFFSET]) for e, _ in self._helper_statements}
-        batch.add((cut_over.row[model.TOPIC], cut_over.row[model.PARTITION], cut_over.row[model.OFFSET]))
         stored = self.sink.read_system(SCHEMA_CHANGES)
         if stored is not None:
             rows = (
-                stored.where(F.col("outcome").contains(ONLINE_SCHEMA_CHANGE) & F.col(model.DDL).isNotNull())
+                stored.where(F.col("outcome").contains(ONLINE_SCHEMA_CHANGE) & F.col(model.DDL).contains(ghost.table))
                 .select(
                     "recorded_at", model.TOPIC, model.PARTITION, model.OFFSET, model.DATABASE, model.SCHEMA, model.DDL
                 )
                 .collect()
             )
-            for row in sorted(rows, key=lambda r: (r["recorded_at"], r[1] or "", r[2] or 0, r[3] or 0)):
-                if (row[model.TOPIC], row[model.PARTITION], row[model.OFFSET]) in batch:
-                    continue  # this batch's, recorded by an earlier attempt of it
+            order = sorted(
+                rows,
+                key=lambda r: (r["recorded_at"], r[model.TOPIC] or "", r[model.PARTITION] or 0, r[model.OFFSET] or 0),
+            )
+            for row in order:
+                if tuple(row[c] for c in _COORDINATES) in self._batch_messages:
+                    continue  # this batch's, recorded by an earlier attempt at it
                 statements.append(
                     parse_ddl(
                         row[model.DDL],
