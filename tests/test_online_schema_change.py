@@ -185,14 +185,14 @@ def _migrations() -> list[str]:
             "CREATE",
         ),
         ddl_message("_orders_new", "ALTER TABLE `crm`.`_orders_new` CHANGE COLUMN tier level varchar(8)"),
+        # a restarted copy: Canal decodes the statement as a TRUNCATE event, which is not applied either
+        ddl_message("_orders_new", "TRUNCATE TABLE `crm`.`_orders_new`", "QUERY"),
         _row("INSERT", "_orders_new", 1, "a", WITH_LEVEL, level="silver"),
         _row("UPDATE", "orders", 4, "D", WITH_TIER, old={"v": "d"}, tier=None),
         _row("UPDATE", "_orders_new", 4, "D", WITH_LEVEL, old={"v": "d"}, level=None),
-        ddl_message(
-            "orders",
-            "RENAME TABLE `crm`.`orders` TO `crm`.`_orders_old`, `crm`.`_orders_new` TO `crm`.`orders`",
-            "RENAME",
-        ),
+        # the swap as two statements (gh-ost's --cut-over=two-step does the same)
+        ddl_message("orders", "RENAME TABLE `crm`.`orders` TO `crm`.`_orders_old`", "RENAME"),
+        ddl_message("_orders_new", "RENAME TABLE `crm`.`_orders_new` TO `crm`.`orders`", "RENAME"),
         ddl_message("_orders_old", "DROP TABLE IF EXISTS `crm`.`_orders_old`", "ERASE"),
         _row("UPDATE", "orders", 5, "e", WITH_LEVEL, old={"level": "gold"}, level="platinum"),
     ]
@@ -204,12 +204,13 @@ EXPECTED = [
     {"id": 4, "v": "D", "level": None},
     {"id": 5, "v": "e", "level": "platinum"},
 ]
-HELPER_ROW_EVENTS = 7
+HELPER_EVENTS = 8
+"""The helper tables' row events and the TRUNCATE event: counted as excluded tables' events."""
 
 
 @pytest.mark.spark
 def test_migrations_change_the_table_and_no_helper_table_lands(spark, tmp_path: Path) -> None:
-    """Six messages per batch: gh-ost's change is held in an earlier batch than its cut-over (read back from
+    """Eight messages per batch: gh-ost's change is held in an earlier batch than its cut-over (read back from
     ``schema_changes``), pt-online-schema-change's in the cut-over's batch."""
     capture = tmp_path / "capture.jsonl"
     capture.write_text("".join(line + "\n" for line in _migrations()), encoding="utf-8")
@@ -219,7 +220,7 @@ def test_migrations_change_the_table_and_no_helper_table_lands(spark, tmp_path: 
         lake=lake,
         format_name="canal-json",
         paths=[str(capture)],
-        batch_lines=6,
+        batch_lines=8,
         online_schema_change=OnlineSchemaChange(),
         # excluding the helper tables as well changes nothing: their statements still count
         tables=parse_config(
@@ -234,7 +235,7 @@ def test_migrations_change_the_table_and_no_helper_table_lands(spark, tmp_path: 
 
     assert sorted(read_table(f"{lake}/crm/orders"), key=lambda r: r["id"]) == EXPECTED
     assert [p.name for p in Path(lake, "crm").iterdir()] == ["orders"]
-    assert sum(r.excluded for r in results) == HELPER_ROW_EVENTS
+    assert sum(r.excluded for r in results) == HELPER_EVENTS
     assert sum(r.dead_letters for r in results) == 0
     outcomes = [
         (r["ddl"].split(" table ")[0].split(" TABLE ")[0], r["outcome"])
@@ -261,10 +262,11 @@ def test_migrations_change_the_table_and_no_helper_table_lands(spark, tmp_path: 
         ("drop /* gh-ost */", "not applied: online schema change helper table crm._orders_ghc"),
         ("CREATE", "not applied: online schema change ghost table crm._orders_new"),
         ("ALTER", "held for the cut-over of crm.orders (online schema change)"),
+        ("RENAME", "not applied: online schema change cut-over, crm.orders keeps its rows"),
         (
             "RENAME",
-            "not applied: online schema change cut-over, crm.orders keeps its rows; online schema change cut-over of "
-            "crm.orders: 1 held changes of crm._orders_new; applied: column tier renamed to level",
+            "online schema change cut-over of crm.orders: 1 held changes of crm._orders_new; applied: column tier "
+            "renamed to level",
         ),
         ("DROP", "not applied: online schema change helper table crm._orders_old"),
     ]

@@ -89,6 +89,8 @@ def _table_id(name: TableName) -> str:
     return apply.table_id_of(*_ident(name))
 
 
+_GHOST_RESETS: Final = ("create_table", "drop_table", "rename_table")
+"""Changes of a ghost table after which none of its earlier changes is applied at a cut-over."""
 _COORDINATES: Final = (model.TOPIC, model.PARTITION, model.OFFSET)
 """The columns that name an event's message, in events and in ``schema_changes`` rows."""
 
@@ -232,7 +234,7 @@ class SchemaEvolution:
     def _online_schema_change(self, event: SchemaEvent, online: OnlineSchemaChange) -> bool:
         """Rewrites the changes of a statement about online schema change helper tables (see the module doc): a
         ghost's changes are held, the helper tables are left alone, the cut-over applies the held changes to the
-        table. Returns True when nothing is left to apply (the outcome is then set)."""
+        table. Returns True when nothing is left to apply; :attr:`SchemaEvent.notes` say what was done."""
         assert event.parsed is not None
         parsed = event.parsed.changes
         kept: list[SchemaChange] = []
@@ -252,7 +254,8 @@ class SchemaEvolution:
                             else f"nothing held for {_name(table)}"
                         )
                     )
-                elif change.kind in ("create_table", "drop_table", "rename_table"):
+                elif change.kind in (*_GHOST_RESETS, "truncate"):
+                    # A truncated ghost is being filled again: the table's own rows stay the truth.
                     event.notes.append(f"not applied: {ONLINE_SCHEMA_CHANGE} ghost table {_name(table)}")
                 else:
                     event.notes.append(f"held for the cut-over of {_name(swapped_to)} ({ONLINE_SCHEMA_CHANGE})")
@@ -305,9 +308,9 @@ class SchemaEvolution:
         held: list[SchemaChange] = []
         for changes in statements:
             for change in changes:
-                if change.table == ghost and change.kind in ("create_table", "drop_table", "rename_table"):
+                if change.table == ghost and change.kind in _GHOST_RESETS:
                     held = []  # a new copy, an aborted one, or the cut-over: what was held is gone with it
-                elif change.table == ghost:
+                elif change.table == ghost and change.kind != "truncate":
                     held.append(change)
                 elif change.kind == "rename_table" and change.new_table == ghost:
                     held = []
