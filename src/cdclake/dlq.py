@@ -48,7 +48,7 @@ from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import local_frame
-from cdclake.tables import PerTable, TableFilter, TableRoutes
+from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +281,7 @@ def replay_dead_letters(
     iceberg_catalog: str | None = None,
     tables: TableFilter | None = None,
     routes: TableRoutes | None = None,
+    online_schema_change: OnlineSchemaChange | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
@@ -296,6 +297,8 @@ def replay_dead_letters(
         tables, routes: which source tables land, and in which lake tables (give the pipeline's ``tables`` and
             ``routes``; default every table, in ``<database>/<table>``). A dead letter of a table ``tables`` leaves
             out changes nothing, as in the pipeline, and is recorded as applied (it is resolved).
+        online_schema_change: the pipeline's ``ddl.online_schema_change``: without it, a dead-lettered cut-over of
+            an online schema change would be applied as a plain ``RENAME TABLE``, moving the table's rows away.
     """
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog, routes=routes)
     report = ReplayReport(replay_id=f"dlq-{uuid.uuid4()}", dry_run=dry_run)
@@ -338,6 +341,7 @@ def replay_dead_letters(
             keys={k: list(v) for k, v in (keys or {}).items()},
             tables=tables or TableFilter(),
             routes=routes or TableRoutes(),
+            online_schema_change=online_schema_change,
             name="dlq-replay",
             table_format=table_format,
             iceberg_catalog=iceberg_catalog,

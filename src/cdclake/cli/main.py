@@ -132,6 +132,15 @@ RouteOption = Annotated[
     ),
 ]
 
+OnlineSchemaChangeOption = Annotated[
+    bool,
+    typer.Option(
+        "--online-schema-change",
+        help="gh-ost / pt-online-schema-change: ghost and helper tables do not land; the cut-over applies the "
+        "ghost's changes to the table (as the pipeline's ddl.online_schema_change).",
+    ),
+]
+
 
 @app.command()
 def formats() -> None:
@@ -167,14 +176,7 @@ def replay(
     ddl_policy: Annotated[
         str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
     ] = "evolve",
-    online_schema_change: Annotated[
-        bool,
-        typer.Option(
-            "--online-schema-change",
-            help="gh-ost / pt-online-schema-change: ghost and helper tables do not land; the cut-over applies the "
-            "ghost's changes to the table.",
-        ),
-    ] = False,
+    online_schema_change: OnlineSchemaChangeOption = False,
     transaction_consistent: Annotated[
         bool,
         typer.Option(
@@ -428,6 +430,7 @@ def dlq_replay(
     include_table: IncludeTableOption = None,
     exclude_table: ExcludeTableOption = None,
     route: RouteOption = None,
+    online_schema_change: OnlineSchemaChangeOption = False,
     pipeline: PipelineOption = None,
     topic: TopicOption = None,
     table: TableOption = None,
@@ -460,6 +463,7 @@ def dlq_replay(
             format_options=options,
             tables=tables,
             routes=routes,
+            online_schema_change=OnlineSchemaChange() if online_schema_change else None,
             filters=filters,
             dry_run=dry_run,
             table_format=table_format,  # type: ignore[arg-type]
