@@ -92,7 +92,14 @@ def test_types_map_only_when_lossless_and_widening_never_loses_values() -> None:
 COLUMNS = {"id": "bigint(20)", "name": "varchar(64)", "score": "double", "qty": "int(11)"}
 
 
-def row_message(op: str, table: str, rows: list[dict[str, Any]], types: dict[str, str], old: Any = None) -> str:
+def row_message(
+    op: str,
+    table: str,
+    rows: list[dict[str, Any]],
+    types: dict[str, str],
+    old: Any = None,
+    keys: list[str] | None = None,
+) -> str:
     return json.dumps(
         {
             "data": rows,
@@ -102,7 +109,7 @@ def row_message(op: str, table: str, rows: list[dict[str, Any]], types: dict[str
             "isDdl": False,
             "mysqlType": types,
             "old": old,
-            "pkNames": ["id"],
+            "pkNames": ["id"] if keys is None else keys,
             "sql": "",
             "table": table,
             "ts": 1709288131377,
@@ -240,3 +247,40 @@ def test_ddl_policies_ignore_and_fail(spark, tmp_path: Path) -> None:
     assert customer[0]["score"] == 1.5
     with pytest.raises(SchemaChangeError, match=r"crm.customer .*policy 'fail'.*Fix:"):
         run_scenario(spark, tmp_path / "fail", 100, ddl_table_policies={"crm.customer": "fail"})
+
+
+@pytest.mark.spark
+def test_dropping_and_renaming_columns_that_steer_merges(spark, tmp_path: Path) -> None:
+    """A table without key columns is matched on every column, and a keyed table on its keys: their MERGEs prune
+    files by those columns' statistics. Dropping or renaming such a column rewrites the table without it (a renamed
+    key column stays the key under its new name)."""
+    log_types = {"at": "bigint(20)", "msg": "varchar(32)", "level": "varchar(8)"}
+    renamed = {"at": "bigint(20)", "text": "varchar(32)"}
+    account_types = {"id": "bigint(20)", "name": "varchar(32)"}
+    messages = [
+        row_message("INSERT", "log", [{"at": "1", "msg": "a", "level": "info"}], log_types, keys=[]),
+        row_message("INSERT", "account", [{"id": "1", "name": "x"}], account_types),
+        ddl_message("log", "ALTER TABLE log RENAME COLUMN msg TO text"),
+        ddl_message("log", "ALTER TABLE log DROP COLUMN level"),
+        ddl_message("account", "ALTER TABLE account RENAME COLUMN id TO account_id"),
+        row_message("INSERT", "log", [{"at": "2", "text": "b"}], renamed, keys=[]),
+        row_message(
+            "UPDATE",
+            "account",
+            [{"account_id": "1", "name": "y"}],
+            {"account_id": "bigint(20)", "name": "varchar(32)"},
+            old=[{"name": "x"}],
+            keys=["account_id"],
+        ),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in messages), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    results = replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)])
+
+    assert sum(r.dead_letters for r in results) == 0
+    assert sorted(read_table(f"{lake}/crm/log"), key=lambda r: r["at"]) == [
+        {"at": 1, "text": "a"},
+        {"at": 2, "text": "b"},
+    ]
+    assert read_table(f"{lake}/crm/account") == [{"account_id": 1, "name": "y"}]

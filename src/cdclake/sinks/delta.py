@@ -537,7 +537,7 @@ class DeltaSink:
         current = self.spark.read.format("delta").load(path)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
         rows = current.select(*selected)
-        self._unlist_statistics_of_retyped(database, schema, table, rows.schema)
+        self._unlist_statistics_of_changed(database, schema, table, rows.schema)
         writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
@@ -549,18 +549,21 @@ class DeltaSink:
             keys = [k for k in key_columns if k.lower() in names]
             self._set_statistics_columns(path, rewritten, keys, record_keys=True)
 
-    def _unlist_statistics_of_retyped(
+    def _unlist_statistics_of_changed(
         self, database: str | None, schema: str | None, table: str, new_schema: StructType
     ) -> None:
-        """Takes the columns that a rewrite gives a type without min/max statistics (e.g. string -> binary) out of
-        ``delta.dataSkippingStatsColumns`` first: Delta refuses to write a listed column of such a type
-        (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_TYPE). The rewrite then sets the list for its new columns."""
+        """Takes the columns that a rewrite drops, renames, or gives a type without min/max statistics (e.g. string
+        -> binary) out of ``delta.dataSkippingStatsColumns`` first: Delta refuses to write a table whose list names a
+        column it does not have (DELTA_COLUMN_NOT_FOUND_IN_SCHEMA; a table without key columns lists them all) or a
+        column of such a type (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_TYPE). The rewrite then sets the list for
+        its new columns."""
         new_types = {f.name.lower(): f.dataType.simpleString() for f in new_schema.fields}
         stored = self.columns(database, schema, table) or []
         losing = {
             name.lower()
             for name, spark_type in stored
-            if _has_statistics(spark_type) and not _has_statistics(new_types.get(name.lower(), spark_type))
+            if _has_statistics(spark_type)
+            and (name.lower() not in new_types or not _has_statistics(new_types[name.lower()]))
         }
         if not losing:
             return
