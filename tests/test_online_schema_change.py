@@ -17,7 +17,7 @@ from cdclake.ddl import parse_ddl
 from cdclake.devtools.verify import read_table
 from cdclake.exceptions import ConfigError
 from cdclake.runner import replay
-from cdclake.tables import OnlineSchemaChange
+from cdclake.tables import OnlineSchemaChange, TableFilter
 from tests.test_ddl import ddl_message, row_message
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -223,14 +223,7 @@ def test_migrations_change_the_table_and_no_helper_table_lands(spark, tmp_path: 
         batch_lines=8,
         online_schema_change=OnlineSchemaChange(),
         # excluding the helper tables as well changes nothing: their statements still count
-        tables=parse_config(
-            {
-                "lake": lake,
-                "kafka": {"bootstrap_servers": "b:9092", "topics": ["t"]},
-                "format": "canal-json",
-                "tables": {"exclude": ["crm._*_gho"]},
-            }
-        ).tables.table_filter(),
+        tables=TableFilter.of(exclude=["crm._*_gho"]),
     )
 
     assert sorted(read_table(f"{lake}/crm/orders"), key=lambda r: r["id"]) == EXPECTED
