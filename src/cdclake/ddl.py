@@ -144,9 +144,9 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
             break
     else:
         if not statements:
-            return _unparsed(text, problem)
+            return _unparsed(bare, problem)
     if len(statements) != 1:
-        return _unparsed(text, f"expected one DDL statement, found {len(statements)}")
+        return _unparsed(bare, f"expected one DDL statement, found {len(statements)}")
     statement = statements[0]
     if isinstance(statement, exp.Alter) and (statement.args.get("kind") or "").upper() == "TABLE":
         return _alter(statement, names)
@@ -158,12 +158,13 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
     if isinstance(statement, exp.TruncateTable):
         return ParsedDdl(tuple(SchemaChange("truncate", names.table(t)) for t in statement.expressions))
     if isinstance(statement, exp.Command):
-        return _unparsed(text, "DDL syntax not understood")
+        return _unparsed(bare, "DDL syntax not understood")
     return ParsedDdl(ignored=f"{statement.key.upper()} statement does not change a table's columns")
 
 
-def _unparsed(text: str, reason: str) -> ParsedDdl:
-    if _TABLE_CHANGE.match(_COMMENT.sub(" ", text)):
+def _unparsed(bare: str, reason: str) -> ParsedDdl:
+    """``bare``: the statement without its comments."""
+    if _TABLE_CHANGE.match(bare):
         return ParsedDdl(error=reason)
     return ParsedDdl(ignored=f"not a table change ({reason})")
 

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_REPLAYS: Final = "dead_letter_replays"
 APPLIED: Final = "applied"
 FAILED: Final = "failed"
-IDENTITY: Final = ("topic", "partition", "offset")
+IDENTITY: Final = model.MESSAGE_COORDINATES
 """Columns that identify a dead letter: the coordinates of its message."""
 
 

@@ -91,12 +91,10 @@ def _table_id(name: TableName) -> str:
 
 _GHOST_RESETS: Final = ("create_table", "drop_table", "rename_table")
 """Changes of a ghost table after which none of its earlier changes is applied at a cut-over."""
-_COORDINATES: Final = (model.TOPIC, model.PARTITION, model.OFFSET)
-"""The columns that name an event's message, in events and in ``schema_changes`` rows."""
 
 
 def _coordinates(event: SchemaEvent) -> tuple[Any, ...]:
-    return tuple(event.row[c] for c in _COORDINATES)
+    return tuple(event.row[c] for c in model.MESSAGE_COORDINATES)
 
 
 def _name(table: TableName) -> str:
@@ -284,9 +282,7 @@ class SchemaEvolution:
         if stored is not None:
             rows = (
                 stored.where(F.col("outcome").contains(ONLINE_SCHEMA_CHANGE) & F.col(model.DDL).contains(ghost.table))
-                .select(
-                    "recorded_at", model.TOPIC, model.PARTITION, model.OFFSET, model.DATABASE, model.SCHEMA, model.DDL
-                )
+                .select("recorded_at", *model.MESSAGE_COORDINATES, model.DATABASE, model.SCHEMA, model.DDL)
                 .collect()
             )
             order = sorted(
@@ -294,7 +290,7 @@ class SchemaEvolution:
                 key=lambda r: (r["recorded_at"], r[model.TOPIC] or "", r[model.PARTITION] or 0, r[model.OFFSET] or 0),
             )
             for row in order:
-                if tuple(row[c] for c in _COORDINATES) in self._batch_messages:
+                if tuple(row[c] for c in model.MESSAGE_COORDINATES) in self._batch_messages:
                     continue  # this batch's, recorded by an earlier attempt at it
                 statements.append(
                     parse_ddl(

@@ -124,6 +124,8 @@ PARTITION: Final = "partition"
 """Kafka partition of the message."""
 OFFSET: Final = "offset"
 """Kafka offset of the message (for file replays: its line number, counting across files in order)."""
+MESSAGE_COORDINATES: Final = (TOPIC, PARTITION, OFFSET)
+"""The columns that identify one message (in events, dead letters, held messages and ``schema_changes`` rows)."""
 SUB_INDEX: Final = "sub_index"
 """Position of the event inside its message, for formats that pack several rows into one message; else 0."""
 KAFKA_TIMESTAMP: Final = "kafka_timestamp"

@@ -108,8 +108,8 @@ _MESSAGE_OF_EVENT = dict(
 )
 """Raw message column -> the canonical column that keeps it (as ``cdclake.formats.base.finish`` fills them), so
 that held messages can be stored from their decoded events and decoded again later."""
-_COORDINATES = [model.TOPIC, model.PARTITION, model.OFFSET]
-"""Identify one message."""
+_COORDINATES = list(model.MESSAGE_COORDINATES)
+"""Identify one message (a list: ``DataFrame.join`` takes its columns so)."""
 
 
 @dataclass(frozen=True)
