@@ -61,6 +61,21 @@ def test_table_changes_and_statements_that_change_no_table() -> None:
         "CREATE TABLE t2 (id bigint primary key, v tinyint(1), n NUMBER)", db_type=None, database="x", schema=None
     )
     assert created.changes[0].columns == (("id", "bigint"), ("v", "boolean"), ("n", None))
+    assert (created.changes[0].key_columns, created.changes[0].if_not_exists) == (("id",), False)
+    keyed = parse_ddl(
+        'CREATE TABLE IF NOT EXISTS "T" (a int, "B" int, CONSTRAINT pk PRIMARY KEY (A, "B"))',
+        db_type="Oracle",
+        database=None,
+        schema="S",
+    )
+    assert (keyed.changes[0].key_columns, keyed.changes[0].if_not_exists) == (("A", "B"), True)
+    # a key column without an exact Spark type: the keys come with data
+    assert (
+        parse_ddl("CREATE TABLE t (n NUMBER primary key)", db_type="Oracle", database=None, schema="S")
+        .changes[0]
+        .key_columns
+        == ()
+    )
     assert [c.kind for c in parse_ddl("DROP TABLE t2", db_type="MySQL", database="x", schema=None).changes] == [
         "drop_table"
     ]
@@ -176,6 +191,16 @@ def scenario() -> list[str]:
         ddl_message("client_copy", "CREATE TABLE `client_copy` LIKE `client`", "CREATE"),
         ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1))", "CREATE"),
         ddl_message("scratch", "DROP TABLE scratch", "ERASE"),
+        # created again with another definition: the empty lake table takes it (columns, types, key)
+        ddl_message("scratch", "CREATE TABLE scratch (code varchar(8), flag varchar(5), PRIMARY KEY (code))", "CREATE"),
+        row_message(
+            "INSERT",
+            "scratch",
+            [{"code": "x", "flag": "yes"}],
+            {"code": "varchar(8)", "flag": "varchar(5)"},
+            keys=["code"],
+        ),
+        ddl_message("client", "CREATE TABLE IF NOT EXISTS client (id bigint primary key)", "CREATE"),
     ]
 
 
@@ -213,12 +238,13 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert copy.count() == 0
     assert copy.dtypes == spark.read.format("delta").load(f"{lake}/crm/client").dtypes
     scratch = spark.read.format("delta").load(f"{lake}/crm/scratch")
-    assert scratch.count() == 0
-    assert dict(scratch.dtypes)["flag"] == "boolean"
+    assert read_table(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes"}]
+    assert [(n, t) for n, t in scratch.dtypes if not n.startswith("_cdc_")] == [("code", "string"), ("flag", "string")]
+    properties = dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{lake}/crm/scratch`").collect())
+    assert properties["cdclake.keyColumns"] == "code"
 
-    outcomes = {
-        r["ddl"]: r["outcome"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").collect()
-    }
+    changes = spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").orderBy("offset").collect()
+    outcomes = {r["ddl"]: r["outcome"] for r in changes}
     assert outcomes["ALTER TABLE customer DROP COLUMN score"] == "applied: column score dropped"
     assert (
         outcomes["ALTER TABLE customer RENAME COLUMN name TO full_name"] == "applied: column name renamed to full_name"
@@ -229,6 +255,12 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert (
         outcomes["CREATE TABLE `client_copy` LIKE `client`"] == "applied: table created with the columns of crm.client"
     )
+    created = [r for r in changes if r["ddl"].startswith("CREATE TABLE scratch")]
+    assert [r["outcome"] for r in created] == [
+        "applied: table created",
+        "applied: the empty lake table takes the new definition (code string, flag string; key code)",
+    ]
+    assert outcomes["CREATE TABLE IF NOT EXISTS client (id bigint primary key)"] == "nothing to do: table exists"
     reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
     assert len(reasons) == 2
     assert reasons[0].startswith("DDL not applied: DDL syntax not understood")

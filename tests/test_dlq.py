@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cdclake import dlq
@@ -21,6 +22,7 @@ from cdclake.formats import list_formats
 from cdclake.pipeline import PipelineSettings
 from cdclake.runner import replay
 from cdclake.tables import TableFilter, TableRoutes
+from tests.e2e.helpers import history_table
 from tests.e2e.test_format_replay import typed
 from tests.formats.golden import CASES, message_bytes, read_jsonl
 
@@ -313,6 +315,73 @@ def test_cli_list_and_replay(spark, lake, tmp_path: Path, monkeypatch: pytest.Mo
     bad_since = runner.invoke(app, ["dlq", "list", "--lake", lake, "--since", "yesterday"])
     assert isinstance(bad_since.exception, ConfigError)
     assert "'--since'" in str(bad_since.exception)
+
+
+def test_replayed_with_the_pipeline_configuration_its_history_tables_get_the_changes(
+    spark, lake, tmp_path: Path
+) -> None:
+    """`dlq replay --config`: the replayed messages take the pipeline's every setting, its changelog and SCD2 tables
+    included (given only --lake and --keys, they would change the lake table and leave its history without them)."""
+    batches = {
+        "1-initial": [
+            stock("INSERT", seq, None, {"code": code, "qty": seq}, "LONG") for seq, code in enumerate("abc", 1)
+        ],
+        "2-text-qty": [
+            stock("UPDATE_AFTER", 4, {"code": "a", "qty": "1"}, {"code": "a", "qty": "one dozen"}, "STRING"),
+            stock("UPDATE_AFTER", 5, {"code": "b", "qty": "2"}, {"code": "b", "qty": "two dozen"}, "STRING"),
+        ],
+    }
+    for name, lines in batches.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        keys = {"inv.stock": ["code"]}
+        replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], keys=keys, changelog=True, scd2=True)
+    assert [d.reason for d in list_dead_letters(spark, lake).dead_letters] == [MISFIT, MISFIT]
+    for table in ("inv/stock", "_cdclake/changelog/inv/stock", "_cdclake/scd2/inv/stock"):
+        widen_qty_to_string(spark, lake, table)
+    config = tmp_path / "pipeline.yaml"
+    settings = {
+        "name": "stock-cdc",
+        "lake": lake,
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topics": ["inv"]},
+        "format": "dataworks-json",
+        "keys": {"inv.stock": ["code"]},
+        "history": {"changelog": True, "scd2": True},
+    }
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    runner = CliRunner()
+
+    clash = runner.invoke(app, ["dlq", "replay", "--config", str(config), "--route", "inv.*=wh.{table}"])
+    assert isinstance(clash.exception, InputError)
+    assert "--route: --config gives the pipeline's settings" in str(clash.exception)
+    no_lake = runner.invoke(app, ["dlq", "replay"])
+    assert isinstance(no_lake.exception, InputError)
+    assert "--lake DIR, or --config" in str(no_lake.exception)
+    # Only the configured pipeline's dead letters by default: these were recorded by file replays (`replay`).
+    assert "no unresolved dead letters match" in runner.invoke(app, ["dlq", "replay", "--config", str(config)]).output
+
+    done = runner.invoke(app, ["dlq", "replay", "--config", str(config), "--pipeline", "replay"])
+    assert done.exit_code == 0, done.output
+    assert "2 dead letters, 2 applied, 0 failed again" in done.output
+    assert stock_rows(lake) == [("a", "one dozen"), ("b", "two dozen"), ("c", "3")]
+    changelog = history_table(spark, lake, "changelog", "inv", "stock")
+    assert changelog is not None
+    assert sorted((r["code"], r["qty"], r["_cdc_op"]) for r in changelog.collect()) == [
+        ("a", "1", "INSERT"),
+        ("a", "one dozen", "UPDATE"),
+        ("b", "2", "INSERT"),
+        ("b", "two dozen", "UPDATE"),
+        ("c", "3", "INSERT"),
+    ]
+    scd2 = history_table(spark, lake, "scd2", "inv", "stock")
+    assert scd2 is not None
+    assert sorted((r["code"], r["qty"], r["_cdc_is_current"]) for r in scd2.collect()) == [
+        ("a", "1", False),
+        ("a", "one dozen", True),
+        ("b", "2", False),
+        ("b", "two dozen", True),
+        ("c", "3", True),
+    ]
 
 
 @pytest.mark.parametrize("format_name", sorted(f.name for f in list_formats()))

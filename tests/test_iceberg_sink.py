@@ -94,7 +94,8 @@ def test_a_rerun_batch_commits_nothing_twice(spark, tmp_path: Path) -> None:
 
 
 def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
-    # The DDL scenario of test_ddl (add, rename, drop and widen columns, a rejected narrowing, rename and drop table).
+    # The DDL scenario of test_ddl (add, rename, drop and widen columns, a rejected narrowing, rename, drop and create
+    # a table again).
     lake = run_scenario(spark, tmp_path, 4, table_format="iceberg")
 
     read = lake_reader(spark, "iceberg")
@@ -104,6 +105,12 @@ def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
     assert schema["qty"] == "bigint"
     assert "score" not in schema
     assert "name" not in schema
+    # dropped and created again with another definition and key
+    assert read(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes"}]
+    metadata = Path(lake, "crm", "scratch", "metadata")
+    newest = (metadata / "version-hint.text").read_text().strip()
+    properties = json.loads((metadata / f"v{newest}.metadata.json").read_text())["properties"]
+    assert properties["cdclake.keyColumns"] == "code"
 
 
 def test_iceberg_settings_are_checked(tmp_path: Path) -> None:

@@ -69,6 +69,9 @@ class SchemaChange:
         new_table: ``rename_table`` target.
         columns: ``create_table`` columns (name, Spark type or None).
         like: ``create_table``: the table whose columns the new one copies (``CREATE TABLE t LIKE other``).
+        key_columns: ``create_table``: the statement's primary key (column or table constraint), when every one
+            of its columns has a Spark type; else empty.
+        if_not_exists: ``create_table``: ``CREATE TABLE IF NOT EXISTS`` (an existing table is left as it is).
     """
 
     kind: ChangeKind
@@ -79,6 +82,8 @@ class SchemaChange:
     new_table: TableName | None = None
     columns: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)
     like: TableName | None = None
+    key_columns: tuple[str, ...] = ()
+    if_not_exists: bool = False
 
 
 @dataclass(frozen=True)
@@ -257,19 +262,49 @@ def _alter_action(action: exp.Expression, table: TableName, names: _Names) -> Sc
 
 def _create(statement: exp.Create, names: _Names) -> ParsedDdl:
     schema = statement.this
+    if_not_exists = bool(statement.args.get("exists"))
     # MySQL's CREATE TABLE t LIKE other; PostgreSQL's CREATE TABLE t (LIKE other) is a column list of one LIKE.
     like = statement.find(exp.LikeProperty)
     if like is not None and isinstance(like.this, exp.Table):
         created = schema.this if isinstance(schema, exp.Schema) else schema
-        return ParsedDdl((SchemaChange("create_table", names.table(created), like=names.table(like.this)),))
+        change = SchemaChange(
+            "create_table", names.table(created), like=names.table(like.this), if_not_exists=if_not_exists
+        )
+        return ParsedDdl((change,))
     if not isinstance(schema, exp.Schema):
         return ParsedDdl(ignored="CREATE TABLE without a column list (e.g. AS SELECT / LIKE)")
-    columns = tuple(
-        (names.identifier(c), spark_type_of(c.kind)) for c in schema.expressions if isinstance(c, exp.ColumnDef)
-    )
+    definitions = [c for c in schema.expressions if isinstance(c, exp.ColumnDef)]
+    columns = tuple((names.identifier(c), spark_type_of(c.kind)) for c in definitions)
     if not columns:
         return ParsedDdl(ignored="CREATE TABLE without column definitions")
-    return ParsedDdl((SchemaChange("create_table", names.table(schema), columns=columns),))
+    change = SchemaChange(
+        "create_table",
+        names.table(schema),
+        columns=columns,
+        key_columns=_primary_key(schema, definitions, columns, names),
+        if_not_exists=if_not_exists,
+    )
+    return ParsedDdl((change,))
+
+
+def _primary_key(
+    schema: exp.Schema,
+    definitions: list[exp.ColumnDef],
+    columns: tuple[tuple[str, str | None], ...],
+    names: _Names,
+) -> tuple[str, ...]:
+    """The columns of the statement's primary key, as the statement's column definitions spell them; empty when it
+    has none, or names a column that is not defined or has no Spark type (the keys then come with data)."""
+    named = [
+        names.identifier(definition)
+        for definition in definitions
+        if any(isinstance(c.args.get("kind"), exp.PrimaryKeyColumnConstraint) for c in definition.constraints)
+    ]
+    for constraint in schema.find_all(exp.PrimaryKey):
+        named.extend(names.identifier(e.this if isinstance(e, exp.Ordered) else e) for e in constraint.expressions)
+    typed = {name.lower(): name for name, spark_type in columns if spark_type is not None}
+    keys = tuple(dict.fromkeys(typed.get(name.lower(), "") for name in named))
+    return () if "" in keys else keys
 
 
 def _rename_tables(pairs: str, names: _Names) -> ParsedDdl:

@@ -18,7 +18,8 @@ recorded one).
 the message's original coordinates, and applies them through :meth:`cdclake.pipeline.Pipeline.process_batch`, the
 path every batch takes: ordering positions, tombstones and the MERGE gate decide, so an old dead letter never
 overwrites a newer row. Messages that fail again are handed to this module (``dead_letter_handler``) instead of
-being dead-lettered a second time.
+being dead-lettered a second time. Given the settings of the pipeline that dead-lettered them (``cdclake dlq replay
+--config``), the messages take that pipeline's every path, its history tables and ``sequence_by`` included.
 
 Without duplicates, also across a crash (ordering of writes): the tables are written first, the outcomes after,
 in one commit per format. Once an outcome says ``applied``, no later replay selects that dead letter again. A crash
@@ -277,30 +278,54 @@ def replay_dead_letters(
     format_options: Mapping[str, str] | None = None,
     filters: DeadLetterFilter | None = None,
     dry_run: bool = False,
-    table_format: TableFormat = "delta",
+    table_format: TableFormat | None = None,
     iceberg_catalog: str | None = None,
     tables: TableFilter | None = None,
     routes: TableRoutes | None = None,
     online_schema_change: OnlineSchemaChange | None = None,
+    pipeline: PipelineSettings | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
     Args:
         format_name: decode every selected dead letter with this format instead of the one that read it.
-        keys: key columns per ``db.table`` or ``table``, as the pipeline's ``keys``. A table without configured
-            keys whose messages carry none uses the key columns the lake table was created with.
-        format_options: options of the format used; with dead letters of several formats, ``format_name`` must
-            say which.
+        keys: key columns per ``db.table`` or ``table``, as the pipeline's ``keys`` (added to ``pipeline``'s). A
+            table without configured keys whose messages carry none uses the key columns the lake table was
+            created with.
+        format_options: options of the format used (over ``pipeline``'s options of that format); with dead letters
+            of several formats, ``format_name`` must say which.
         dry_run: only decode, and report which dead letters would go through and which still fail to decode;
             nothing is written.
-        table_format, iceberg_catalog: the lake tables' format and, for Iceberg, their catalog (as the pipeline's).
+        table_format, iceberg_catalog: the lake tables' format (default ``delta``) and, for Iceberg, their catalog
+            (as the pipeline's).
         tables, routes: which source tables land, and in which lake tables (give the pipeline's ``tables`` and
             ``routes``; default every table, in ``<database>/<table>``). A dead letter of a table ``tables`` leaves
             out changes nothing, as in the pipeline, and is recorded as applied (it is resolved).
         online_schema_change: the pipeline's ``ddl.online_schema_change``: without it, a dead-lettered cut-over of
             an online schema change would be applied as a plain ``RENAME TABLE``, moving the table's rows away.
+        pipeline: the settings of the pipeline that dead-lettered the messages (``cdclake.runner.settings_from_config``
+            gives them from its configuration). Replayed messages then take its every path: format options, keys,
+            tables, routes, DDL policies, ``sequence_by``, changelog and SCD2 tables, deletion vectors, table format.
+            The arguments above that are given win over its settings. Its transaction-consistent mode is not used:
+            a dead letter is one message of its transaction, whose other messages were applied long ago.
     """
-    sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog, routes=routes)
+    base = pipeline or PipelineSettings(lake=lake, app_id="")
+    if base.lake.rstrip("/") != lake.rstrip("/"):
+        raise ValueError(f"the pipeline's lake is {base.lake}, not {lake}")
+    shared = replace(
+        base,
+        keys={**base.keys, **{k: list(v) for k, v in (keys or {}).items()}},
+        tables=base.tables if tables is None else tables,
+        routes=base.routes if routes is None else routes,
+        online_schema_change=base.online_schema_change if online_schema_change is None else online_schema_change,
+        table_format=table_format or base.table_format,
+        iceberg_catalog=base.iceberg_catalog if iceberg_catalog is None else iceberg_catalog,
+        topic_formats={},
+        name="dlq-replay",
+        transaction_consistent=False,
+        dead_letter_handler=None,
+    )
+    sink = lake_sink(spark, lake, shared.table_format, iceberg_catalog=shared.iceberg_catalog, routes=shared.routes)
     report = ReplayReport(replay_id=f"dlq-{uuid.uuid4()}", dry_run=dry_run)
     if format_name is not None:
         get_format(format_name)  # an unknown name stops here, with the known ones
@@ -333,18 +358,11 @@ def replay_dead_letters(
     for batch_id, name in enumerate(sorted(groups)):
         group = pending.where(F.col("_use") == name)
         report.formats[name] = groups[name]
-        settings = PipelineSettings(
-            lake=lake,
+        settings = replace(
+            shared,
             app_id=f"cdclake-{report.replay_id}",
             default_format=name,
-            format_options={name: dict(format_options or {})},
-            keys={k: list(v) for k, v in (keys or {}).items()},
-            tables=tables or TableFilter(),
-            routes=routes or TableRoutes(),
-            online_schema_change=online_schema_change,
-            name="dlq-replay",
-            table_format=table_format,
-            iceberg_catalog=iceberg_catalog,
+            format_options={name: {**base.format_options.get(name, {}), **(format_options or {})}},
         )
         if dry_run:
             failures = _decode_failures(spark, settings, group)

@@ -363,22 +363,22 @@ class SchemaEvolution:
             sink.clear(self._plan(change.table, order), txn)
             return "applied: rows deleted" + (" (table dropped at the source)" if kind == "drop_table" else "")
         if kind == "create_table":
-            if columns is not None:
-                return "nothing to do: table exists"
-            plan = self._plan(change.table, None)
             if change.like is not None:
                 copied = sink.columns(*_ident(change.like))
                 if copied is None:
                     return f"nothing to do: {_name(change.like)} is not in the lake; the columns come with data"
-                plan.columns = list(copied)
-                plan.key_columns = sink.key_columns(*_ident(change.like))
-                sink.ensure_table(plan)
-                return f"applied: table created with the columns of {_name(change.like)}"
-            typed = [(n, t) for n, t in change.columns if t is not None]
-            plan.columns = typed
+                created, keys = list(copied), sink.key_columns(*_ident(change.like))
+                detail = f" with the columns of {_name(change.like)}"
+            else:
+                created, keys = [(n, t) for n, t in change.columns if t is not None], list(change.key_columns)
+                untyped = [n for n, t in change.columns if t is None]
+                detail = f"; columns {untyped} come with data" if untyped else ""
+            if columns is not None:
+                return self._create_again(change, created, keys, columns, txn)
+            plan = self._plan(change.table, None)
+            plan.columns, plan.key_columns = created, keys
             sink.ensure_table(plan)
-            untyped = [n for n, t in change.columns if t is None]
-            return "applied: table created" + (f"; columns {untyped} come with data" if untyped else "")
+            return f"applied: table created{detail}"
         if columns is None:
             return "nothing to do: table not in the lake"
         if kind == "rename_table":
@@ -460,6 +460,41 @@ class SchemaEvolution:
         if new_type != current_type:
             done.append(f"column {new_name} {current_type} -> {new_type}")
         return "applied: " + ", ".join(done)
+
+    def _create_again(
+        self,
+        change: SchemaChange,
+        created: list[tuple[str, str]],
+        keys: list[str],
+        columns: Sequence[tuple[str, str]],
+        txn: Txn | None,
+    ) -> str:
+        """``CREATE TABLE t`` where the lake already has ``t``. The source had no ``t`` (the statement did not fail
+        there): the lake table is what a ``DROP TABLE t`` or a rename of ``t`` away left, and takes the new
+        definition if that loses nothing. Kept as it is: with ``IF NOT EXISTS``, when it holds rows (a drop the
+        lake never saw: the new columns come with data), or when another source table's rows land in it too."""
+        ident = _ident(change.table)
+        if change.if_not_exists:
+            return "nothing to do: table exists"
+        if not self.sink.read(ident[0], ident[2], ident[1]).isEmpty():
+            return "nothing to do: the lake table exists and has rows; the new columns come with data"
+        other = self.shared_with(*ident)
+        if other is not None:
+            return f"nothing to do: the lake table also holds the rows of {other}"
+        # Columns the statement names without a Spark type keep the lake's (their data types them otherwise).
+        untyped = {n.lower() for n, t in change.columns if t is None}
+        kept = [(n, t) for n, t in columns if n.lower() in untyped]
+        definition = created + kept
+        if definition == list(columns) and keys == self.sink.key_columns(*ident):
+            return "nothing to do: the empty lake table has the new definition"
+        stored = {n.lower(): n for n, _ in columns}
+        rewritten = [
+            (name, (F.col(quote(stored[name.lower()])) if name.lower() in stored else F.lit(None)).cast(spark_type))
+            for name, spark_type in definition
+        ]
+        self.sink.rewrite(*ident, rewritten, txn, key_columns=keys)
+        described = ", ".join(f"{n} {t}" for n, t in definition)
+        return f"applied: the empty lake table takes the new definition ({described}; key {', '.join(keys) or 'none'})"
 
     @staticmethod
     def _plan(table: TableName, order: str | None) -> apply.TablePlan:

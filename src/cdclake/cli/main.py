@@ -415,7 +415,16 @@ def _check_table_format(table_format: str, iceberg_catalog: str | None) -> None:
 
 @dlq_app.command("replay")
 def dlq_replay(
-    lake: LakeOption,
+    lake: Annotated[str | None, typer.Option(help="Lake directory (or --config).")] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="The pipeline's configuration (YAML): replay with its lake, format options, keys, tables, routes, "
+            "DDL, sequence_by, history tables, table format and Spark settings, and only its dead letters "
+            "(--pipeline defaults to its name).",
+        ),
+    ] = None,
     format_name: Annotated[
         str | None,
         typer.Option("--format", help="Decode with this format instead of the one that read each dead letter."),
@@ -439,7 +448,10 @@ def dlq_replay(
     dry_run: Annotated[
         bool, typer.Option(help="Only decode and report what would go through and what still fails; write nothing.")
     ] = False,
-    table_format: TableFormatOption = "delta",
+    table_format: Annotated[
+        str | None,
+        typer.Option(help="The lake tables' format: delta (default), or iceberg (README: Iceberg lake tables)."),
+    ] = None,
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Decode unresolved dead letters again and apply them like any batch; each is applied at most once."""
@@ -448,26 +460,50 @@ def dlq_replay(
 
     key_map = _parse_keys(keys or [])
     options = _parse_options(option or [])
-    tables = _table_filter(include_table or [], exclude_table or [])
-    routes = _table_routes(route or [])
-    _check_table_format(table_format, iceberg_catalog)
     if format_name is not None:
         get_format(format_name)
+    settings, spark_conf = None, None
+    if config is not None:
+        from cdclake.config import load_config
+        from cdclake.runner import settings_from_config
+
+        given = {
+            "--lake": lake is not None,
+            "--include-table": bool(include_table),
+            "--exclude-table": bool(exclude_table),
+            "--route": bool(route),
+            "--online-schema-change": online_schema_change,
+            "--table-format": table_format is not None,
+            "--iceberg-catalog": iceberg_catalog is not None,
+        }
+        if clashing := [name for name, set_ in given.items() if set_]:
+            raise InputError(
+                f"{', '.join(clashing)}: --config gives the pipeline's settings; change them in {config}, or drop "
+                "--config and give every setting as an option (--keys and --option add to the configuration's)"
+            )
+        cfg = load_config(config)
+        settings, spark_conf, lake = settings_from_config(cfg, app_id=""), cfg.spark, cfg.lake
+        pipeline = pipeline or cfg.name
+    elif lake is None:
+        raise InputError("give the lake: --lake DIR, or --config with the pipeline's configuration")
+    else:
+        _check_table_format(table_format or "delta", iceberg_catalog)
     filters = _dead_letter_filter(pipeline, topic, table, reason, since)
     with out.status("replaying dead letters..."):
         report = replay_dead_letters(
-            _session(),
+            _session(spark_conf),
             lake,
             format_name=format_name,
             keys=key_map,
             format_options=options,
-            tables=tables,
-            routes=routes,
+            tables=_table_filter(include_table or [], exclude_table or []) if include_table or exclude_table else None,
+            routes=_table_routes(route) if route else None,
             online_schema_change=OnlineSchemaChange() if online_schema_change else None,
             filters=filters,
             dry_run=dry_run,
             table_format=table_format,  # type: ignore[arg-type]
             iceberg_catalog=iceberg_catalog,
+            pipeline=settings,
         )
     if not report.selected:
         out.print(f"no unresolved dead letters match in {lake}")
