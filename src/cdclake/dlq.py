@@ -382,7 +382,7 @@ def _messages(group: DataFrame) -> DataFrame:
 
 def _decode_failures(spark: SparkSession, settings: PipelineSettings, group: DataFrame) -> DataFrame:
     """(topic, partition, offset, reason) of the dead letters that still do not decode; nothing is written."""
-    decoded = _materialised(Pipeline(spark, settings).decode(_messages(group)))
+    decoded = _materialised(Pipeline(spark, settings).decode(_messages(group), store=False))
     return decoded.where(F.col(model.ERROR).isNotNull()).groupBy(*IDENTITY).agg(F.min(model.ERROR).alias("reason"))
 
 

@@ -47,3 +47,8 @@ class EnvironmentSetupError(TerminalError):
 
 class InputError(TerminalError):
     """Input files or arguments cannot be used as given."""
+
+
+class SourceUnavailableError(CdclakeError):
+    """The message source cannot be read (brokers unreachable, access refused...); the message gives the client's
+    own reason. Retrying may help once the cause is gone."""

@@ -302,12 +302,13 @@ class Pipeline:
 
     # -------------------------------------------------------------------------------------------------------------
 
-    def decode(self, messages: DataFrame, txn: Txn | None = None) -> DataFrame:
+    def decode(self, messages: DataFrame, txn: Txn | None = None, *, store: bool = True) -> DataFrame:
         """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events.
 
         Formats with table definitions in their own messages (``CdcFormat.metadata``, Qlik MD) first hand over the
         batch's definitions (all topics of the format), which are stored in ``<lake>/_cdclake/metadata`` (once per
-        ``txn``) before the batch is decoded with every definition known so far, earlier batches and runs included.
+        ``txn``; not with ``store`` false, for decoding that must write nothing) before the batch is decoded with
+        every definition known so far, earlier batches and runs included.
         """
         settings = self.settings
         parts: list[DataFrame] = []
@@ -317,10 +318,10 @@ class Pipeline:
             by_format.setdefault(settings.topic_formats[topic], []).append(topic)
         for name, topics in sorted(by_format.items()):
             subset = messages.where(F.col("topic").isin(*topics))
-            parts.append(self._decode_format(name, subset, txn))
+            parts.append(self._decode_format(name, subset, txn, store))
         if settings.default_format is not None:
             rest = messages.where(~F.col("topic").isin(*listed)) if listed else messages
-            parts.append(self._decode_format(settings.default_format, rest, txn))
+            parts.append(self._decode_format(settings.default_format, rest, txn, store))
         if not parts:
             raise ValueError("no format configured")
         return reduce(DataFrame.unionByName, parts)
@@ -328,23 +329,28 @@ class Pipeline:
     METADATA = "metadata"
     """Bookkeeping table of the table definitions read from messages (see decode)."""
 
-    def _decode_format(self, name: str, messages: DataFrame, txn: Txn | None) -> DataFrame:
+    def _decode_format(self, name: str, messages: DataFrame, txn: Txn | None, store: bool = True) -> DataFrame:
         fmt = get_format(name)
         options = self.settings.format_options.get(name, {})
         if fmt.metadata is None:
             return decode_batch(fmt, messages, options)
-        known = self._known_metadata(name, collect_metadata(fmt.metadata.extract(messages, options)), txn)
+        known = self._known_metadata(name, collect_metadata(fmt.metadata.extract(messages, options)), txn, store)
         return fmt.metadata.decode(messages, options, known)
 
-    def _known_metadata(self, format_name: str, found: Sequence[TableMetadata], txn: Txn | None) -> list[TableMetadata]:
+    def _known_metadata(
+        self, format_name: str, found: Sequence[TableMetadata], txn: Txn | None, store: bool = True
+    ) -> list[TableMetadata]:
         """Every definition of ``format_name`` known after storing the new ones among ``found`` (the first stored
-        definition of a schema id wins: ids are unique, re-sent definition messages are copies)."""
+        definition of a schema id wins: ids are unique, re-sent definition messages are copies). Without ``store``
+        the new ones are only used, neither stored nor kept."""
         if self._metadata is None:
             stored = self.sink.read_system(self.METADATA)
             rows = [] if stored is None else stored.orderBy("recorded_at").collect()
             loaded = unique_metadata(TableMetadata.from_row(row.asDict()) for row in rows)
             self._metadata = {(m.format, m.schema_id): m for m in loaded}
         new = [m for m in found if (m.format, m.schema_id) not in self._metadata]
+        if new and not store:
+            return [m for m in [*self._metadata.values(), *unique_metadata(new)] if m.format == format_name]
         if new:
             frame = local_frame(self.spark, [m.as_row() for m in new], METADATA_SCHEMA).select(
                 "*", F.lit(self.settings.name).alias("pipeline"), F.current_timestamp().alias("recorded_at")

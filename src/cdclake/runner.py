@@ -93,6 +93,16 @@ def _offsets_json(text: str) -> dict[str, dict[str, int]]:
     return offsets
 
 
+def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[str, dict[str, int]] | None:
+    """Where a query with this checkpoint goes on: topic -> partition -> offset at the end of its newest committed
+    batch; None for a checkpoint without a committed batch."""
+    files = _CheckpointFiles(spark, checkpoint)
+    committed = files.batch_ids("commits")
+    if not committed:
+        return None
+    return _offsets_json(files.read(f"offsets/{committed[-1]}"))
+
+
 def recover_uncommitted_batch(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline) -> BatchResult | None:
     """Applies the batch a crashed query had planned but not committed, exactly as Spark would re-run it.
 

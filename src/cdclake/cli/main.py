@@ -304,6 +304,54 @@ def run(
     run_stream(spark, cfg, until_caught_up=until_caught_up, on_batch=report)
 
 
+@app.command()
+def check(
+    config: Annotated[str, typer.Argument(help="Pipeline configuration (YAML).")],
+    messages: Annotated[int, typer.Option(min=1, help="How many messages to read at most.")] = 1000,
+) -> None:
+    """Try a configuration on the messages the pipeline would read next: Kafka access, decoding, the tables found,
+    where they land and what identifies their rows. Writes nothing; exits 1 if a message does not decode."""
+    from cdclake.check import check_pipeline
+    from cdclake.config import load_config
+
+    cfg = load_config(config)
+    err.print(f"[bold]{cfg.name}[/]: kafka {cfg.kafka.redacted_options()} -> {cfg.lake}")
+    with out.status("reading and decoding..."):
+        report = check_pipeline(_session(cfg.spark), cfg, messages=messages)
+    start = "where the checkpoint goes on" if report.started_from == "checkpoint" else "the earliest offsets"
+    out.print(
+        f"{report.messages} messages read from {start}: "
+        + (", ".join(f"{topic} {count}" for topic, count in sorted(report.by_topic.items())) or "none")
+    )
+    missing = [t for t in cfg.kafka.topics or [] if t not in report.by_topic]
+    if missing:
+        out.print(f"no messages in {', '.join(missing)} (empty, missing, or nothing new since the checkpoint)")
+    if report.tables:
+        tables = Table("source table", "events", "lands", "lake table", "key columns", "new columns")
+        for found in report.tables:
+            events = ", ".join(f"{op} {count}" for op, count in found.events.items())
+            key = f"{', '.join(found.key_columns)} ({found.key_source})" if found.key_columns else "none: whole row"
+            key = key if found.lands == "yes" else "-"
+            lake_table = (found.lake_table or "-") + ("" if found.in_lake or not found.lake_table else " (new)")
+            tables.add_row(found.name, events, found.lands, lake_table, key, ", ".join(found.new_columns) or "-")
+        out.print(tables)
+        keyless = [f.name for f in report.tables if f.lands == "yes" and not f.key_columns]
+        if keyless:
+            out.print(
+                f"no key columns for {', '.join(keyless)}: their rows are identified by the whole row; if a table "
+                "has a primary key, name it under `keys:`"
+            )
+    if report.failures:
+        failed = Table("topic", "partition", "offset", "does not decode because")
+        for failure in report.failures:
+            failed.add_row(failure.topic, str(failure.partition), str(failure.offset), failure.reason)
+        out.print(failed)
+    if not report.ok:
+        out.print(f"{report.failed} of {report.messages} messages do not decode (they would be dead letters)")
+        raise typer.Exit(1)
+    out.print("every message read decodes" if report.messages else "nothing to decode")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # cdclake dlq
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 
+from cdclake.exceptions import SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
 
 
@@ -15,3 +18,40 @@ def read_stream(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load().select(*MESSAGE_COLUMNS)
+
+
+def read_batch(
+    spark: SparkSession, options: Mapping[str, str], limit: int, start: Mapping[str, Mapping[str, int]] | None
+) -> DataFrame:
+    """Up to ``limit`` raw messages read in one batch up to the latest offsets, computed once (a local checkpoint:
+    the brokers are read once). From the earliest offsets of the subscribed topics, or with ``start`` (topic ->
+    partition -> offset, as a query checkpoint stores them) from there, in those partitions only. Streaming-only
+    options are left out. Spark stops reading each partition at the limit."""
+    skipped = {"startingOffsets", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
+    if start is not None:
+        skipped |= {"subscribe", "subscribePattern"}
+    reader = spark.read.format("kafka")
+    for key, value in options.items():
+        if key not in skipped:
+            reader = reader.option(key, value)
+    if start is None:
+        reader = reader.option("startingOffsets", "earliest")
+    else:
+        assigned = {topic: [int(p) for p in partitions] for topic, partitions in start.items()}
+        reader = reader.option("assign", json.dumps(assigned)).option("startingOffsets", json.dumps(start))
+    frame = reader.option("endingOffsets", "latest").load()
+    try:
+        return frame.select(*MESSAGE_COLUMNS).limit(limit).localCheckpoint(eager=True)
+    except Py4JJavaError as exc:
+        raise SourceUnavailableError(
+            f"cannot read Kafka at {options.get('kafka.bootstrap.servers')}: {_root_cause(exc)}"
+        ) from exc
+
+
+def _root_cause(error: Py4JJavaError) -> str:
+    """The innermost Java exception of a failed Spark call, as ``class: message`` (the Kafka client's reason,
+    e.g. ``TimeoutException: Timed out waiting for a node assignment``)."""
+    cause = error.java_exception
+    while cause.getCause() is not None and cause.getCause() != cause:
+        cause = cause.getCause()
+    return f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"

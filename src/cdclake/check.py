@@ -1,0 +1,174 @@
+"""``cdclake check``: a pipeline's configuration tried on the messages it would read next, writing nothing.
+
+Before a pipeline is started (or after its configuration changed), ``check`` answers what a first run would
+otherwise answer the hard way: can the brokers be read with these settings, does the configured format decode
+these topics, which source tables are in them, which of them land and in which lake table, what identifies their
+rows, and which columns would be added to existing lake tables.
+
+It reads up to N messages from where the pipeline would go on (the offsets of the newest batch its checkpoint has
+committed, in the partitions it knows; for a new checkpoint, the earliest offsets of the configured topics) with
+Spark's Kafka source and the pipeline's Kafka options, and decodes them with
+:meth:`cdclake.pipeline.Pipeline.decode` (the decoders ``run`` uses; table definitions found in messages are used,
+not stored). Nothing is written: not the lake, not the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.config import PipelineConfig
+from cdclake.pipeline import Pipeline
+from cdclake.runner import committed_offsets, settings_from_config
+from cdclake.sources import kafka
+from cdclake.tables import PerTable
+
+
+@dataclass(frozen=True)
+class TableFinding:
+    """One source table seen in the sample.
+
+    Attributes:
+        name: ``database.schema.table`` (the parts the messages give).
+        events: decoded events of the table, by canonical op.
+        lands: ``yes``, ``excluded`` (``tables``), or ``helper`` (an online schema change's helper table).
+        lake_table: where it lands, relative to the lake (``routes``); None when it does not land.
+        in_lake: whether that lake table exists already.
+        key_columns: what identifies its rows; empty: the full row image (no key in messages or ``keys``).
+        key_source: ``messages``, ``keys`` (the configuration) or ``none``.
+        new_columns: columns the messages carry that the existing lake table lacks (they would be added).
+    """
+
+    name: str
+    events: dict[str, int]
+    lands: str
+    lake_table: str | None
+    in_lake: bool
+    key_columns: list[str]
+    key_source: str
+    new_columns: list[str]
+
+
+@dataclass(frozen=True)
+class DecodeFailure:
+    """A sampled message that does not decode: its coordinates and the reason (as its dead letter would say)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check_pipeline` found."""
+
+    started_from: str
+    """``checkpoint`` (where the pipeline goes on) or ``earliest`` (a new checkpoint)."""
+    messages: int = 0
+    by_topic: dict[str, int] = field(default_factory=dict)
+    failed: int = 0
+    """sampled messages with at least one event that does not decode."""
+    failures: list[DecodeFailure] = field(default_factory=list)
+    """the first of them, by topic, partition and offset."""
+    tables: list[TableFinding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every sampled message decodes (an empty sample is no failure)."""
+        return self.failed == 0
+
+
+def check_pipeline(
+    spark: SparkSession, config: PipelineConfig, *, messages: int = 1000, shown: int = 20
+) -> CheckReport:
+    """Reads up to ``messages`` messages from where the pipeline would go on and reports what it would do with them
+    (see the module doc); ``shown``: how many decode failures are listed."""
+    settings = settings_from_config(config, app_id="cdclake-check")
+    offsets = committed_offsets(spark, config.checkpoint_location)
+    report = CheckReport(started_from="checkpoint" if offsets else "earliest")
+    sample = kafka.read_batch(spark, config.kafka.spark_options(), messages, offsets)
+    try:
+        report.by_topic = {row["topic"]: row["count"] for row in sample.groupBy("topic").count().collect()}
+        report.messages = sum(report.by_topic.values())
+        if not report.messages:
+            return report
+        pipeline = Pipeline(spark, settings)
+        events = pipeline.decode(sample, store=False).localCheckpoint(eager=True)
+        try:
+            _failures(events, report, shown)
+            report.tables = _tables(pipeline, events)
+        finally:
+            events.unpersist()
+    finally:
+        sample.unpersist()
+    return report
+
+
+def _failures(events: DataFrame, report: CheckReport, shown: int) -> None:
+    coordinates = ["topic", "partition", "offset"]
+    failed = events.where(F.col(model.ERROR).isNotNull()).groupBy(*coordinates).agg(F.min(model.ERROR).alias("reason"))
+    report.failed = failed.count()
+    rows = failed.orderBy(*coordinates).limit(shown).collect()
+    report.failures = [DecodeFailure(r["topic"], r["partition"], r["offset"], r["reason"]) for r in rows]
+
+
+def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
+    settings, sink = pipeline.settings, pipeline.sink
+    image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
+    per_table = (
+        events.where(F.col(model.ERROR).isNull() & F.col(model.TABLE).isNotNull())
+        .groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
+        .agg(
+            F.collect_list(model.OP).alias("ops"),
+            F.max(F.when(F.size(model.KEY_COLUMNS) > 0, F.col(model.KEY_COLUMNS))).alias("keys"),
+            F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.map_keys(image))))).alias("columns"),
+        )
+        .orderBy(model.DATABASE, model.SCHEMA, model.TABLE)
+        .collect()
+    )
+    configured = PerTable.of(settings.keys)
+    online = settings.online_schema_change
+    findings = []
+    for row in per_table:
+        ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
+        counts: dict[str, int] = {}
+        for op in row["ops"]:
+            counts[op] = counts.get(op, 0) + 1
+        if online is not None and online.is_helper(ident[2]):
+            lands = "helper"
+        elif not settings.tables.admits(*ident):
+            lands = "excluded"
+        else:
+            lands = "yes"
+        lake_table = "/".join(sink.lake_names(*ident)) if lands == "yes" else None
+        stored = sink.columns(*ident) if lake_table is not None else None
+        keys, key_source = _keys(configured.value_for(*ident), row["keys"])
+        known = {name.lower() for name, _ in stored or []}
+        new_columns = [c for c in row["columns"] or [] if stored is not None and c.lower() not in known]
+        findings.append(
+            TableFinding(
+                name=".".join(part for part in ident if part),
+                events=dict(sorted(counts.items())),
+                lands=lands,
+                lake_table=lake_table,
+                in_lake=stored is not None,
+                key_columns=keys,
+                key_source=key_source,
+                new_columns=new_columns,
+            )
+        )
+    return findings
+
+
+def _keys(configured: Sequence[str] | None, from_messages: Sequence[str] | None) -> tuple[list[str], str]:
+    """The key columns the pipeline would use and where they come from: ``keys`` wins over the messages' own."""
+    if configured:
+        return list(configured), "keys"
+    if from_messages:
+        return list(from_messages), "messages"
+    return [], "none"

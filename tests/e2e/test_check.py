@@ -1,0 +1,93 @@
+"""`cdclake check`: a configuration tried on the messages the pipeline would read next, against a real broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cdclake.check import check_pipeline
+from cdclake.cli import main as cli_main
+from cdclake.cli.main import app
+from cdclake.config import KafkaConfig, PipelineConfig, TablesConfig, TriggerConfig
+from cdclake.devtools import broker
+from cdclake.runner import run
+from tests.test_dlq import stock
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+def with_note(message: str, note: str) -> str:
+    """The DataWorks message with one more column, ``note``, as after an ALTER TABLE ADD COLUMN at the source."""
+    parsed = json.loads(message)
+    parsed["schema"]["dataColumn"].append({"name": "note", "type": "STRING"})
+    parsed["payload"]["after"]["dataColumn"]["note"] = note
+    return json.dumps(parsed)
+
+
+def test_check_reports_what_a_run_would_do_and_writes_nothing(
+    spark, kafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = f"check-{uuid.uuid4().hex[:8]}"
+    broker.create_topics(kafka, {topic: 1})
+    first = [
+        stock("INSERT", 1, None, {"code": "a", "qty": 1}, "LONG"),
+        stock("INSERT", 2, None, {"code": "b", "qty": 2}, "LONG"),
+        stock("INSERT", 3, None, {"code": "t", "qty": 3}, "LONG", table="tmp_stock"),
+        "not json",
+        stock("UPDATE_AFTER", 4, {"code": "a", "qty": 1}, {"code": "a", "qty": 5}, "LONG"),
+    ]
+    broker.produce(kafka, topic, [(None, m.encode()) for m in first], partition=0)
+    lake = tmp_path / "lake"
+    config = PipelineConfig(
+        name="check-test",
+        lake=str(lake),
+        kafka=KafkaConfig(bootstrap_servers=kafka, topics=[topic]),
+        format="dataworks-json",
+        tables=TablesConfig(exclude=["inv.tmp_*"]),
+        trigger=TriggerConfig(available_now=True),
+    )
+
+    report = check_pipeline(spark, config)
+    assert (report.started_from, report.messages, report.by_topic, report.failed) == ("earliest", 5, {topic: 5}, 1)
+    assert [(f.offset, f.reason.startswith("malformed")) for f in report.failures] == [(3, True)]
+    assert [(t.name, t.events, t.lands, t.lake_table, t.in_lake, t.key_source) for t in report.tables] == [
+        ("inv.stock", {"INSERT": 2, "UPDATE": 1}, "yes", "inv/stock", False, "none"),
+        ("inv.tmp_stock", {"INSERT": 1}, "excluded", None, False, "none"),
+    ]
+    assert not lake.exists()  # nothing written: no lake, no checkpoint
+
+    # The CLI: the messages that would be dead letters make it exit 1; a key-less table gets a hint.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    path = tmp_path / "pipeline.yaml"
+    configured = config.model_copy(update={"keys": {"inv.stock": ["code"]}})
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 1, checked.output
+    assert "5 messages read from the earliest offsets" in checked.output
+    assert "1 of 5 messages do not decode (they would be dead letters)" in checked.output
+    assert "no key columns for inv.stock" in checked.output
+
+    # After a run, the check starts where the pipeline goes on: the next message, which brings a new column.
+    run(spark, configured)
+    broker.produce(
+        kafka,
+        topic,
+        [(None, with_note(stock("UPDATE_AFTER", 5, {"code": "b"}, {"code": "b", "qty": 6}, "LONG"), "x").encode())],
+        partition=0,
+    )
+    report = check_pipeline(spark, configured)
+    assert (report.started_from, report.messages, report.failed) == ("checkpoint", 1, 0)
+    assert [(t.name, t.in_lake, t.key_columns, t.key_source, t.new_columns) for t in report.tables] == [
+        ("inv.stock", True, ["code"], "keys", ["note"])
+    ]
+    path.write_text(yaml.safe_dump(configured.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 0, checked.output
+    assert "1 messages read from where the checkpoint goes on" in checked.output
+    assert "every message read decodes" in checked.output
