@@ -318,10 +318,24 @@ def test_cli_list_and_replay(spark, lake, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_replayed_with_the_pipeline_configuration_its_history_tables_get_the_changes(
-    spark, lake, tmp_path: Path
+    spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`dlq replay --config`: the replayed messages take the pipeline's every setting, its changelog and SCD2 tables
-    included (given only --lake and --keys, they would change the lake table and leave its history without them)."""
+    """`replay --config` and `dlq replay --config`: captured messages and dead letters take the pipeline's every
+    setting, its keys and changelog and SCD2 tables included (given only --lake and --keys, a dead letter would change
+    the lake table and leave its history without the change)."""
+    config = tmp_path / "pipeline.yaml"
+    settings = {
+        "name": "stock-cdc",
+        "lake": lake,
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topics": ["inv"]},
+        "format": "dataworks-json",
+        "keys": {"inv.stock": ["code"]},
+        "history": {"changelog": True, "scd2": True},
+    }
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal: lines as long as they are (cli.main._console)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    runner = CliRunner()
     batches = {
         "1-initial": [
             stock("INSERT", seq, None, {"code": code, "qty": seq}, "LONG") for seq, code in enumerate("abc", 1)
@@ -334,23 +348,15 @@ def test_replayed_with_the_pipeline_configuration_its_history_tables_get_the_cha
     for name, lines in batches.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        keys = {"inv.stock": ["code"]}
-        replay(spark, lake=lake, format_name="dataworks-json", paths=[str(path)], keys=keys, changelog=True, scd2=True)
+        replayed = runner.invoke(app, ["replay", "--config", str(config), str(path)])
+        assert replayed.exit_code == 0, replayed.output
     assert [d.reason for d in list_dead_letters(spark, lake).dead_letters] == [MISFIT, MISFIT]
     for table in ("inv/stock", "_cdclake/changelog/inv/stock", "_cdclake/scd2/inv/stock"):
         widen_qty_to_string(spark, lake, table)
-    config = tmp_path / "pipeline.yaml"
-    settings = {
-        "name": "stock-cdc",
-        "lake": lake,
-        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topics": ["inv"]},
-        "format": "dataworks-json",
-        "keys": {"inv.stock": ["code"]},
-        "history": {"changelog": True, "scd2": True},
-    }
-    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
-    runner = CliRunner()
 
+    refused = runner.invoke(app, ["replay", "--config", str(config), "--scd2", "all", str(path)])
+    assert isinstance(refused.exception, InputError)
+    assert "--scd2: --config gives the pipeline's settings" in str(refused.exception)
     clash = runner.invoke(app, ["dlq", "replay", "--config", str(config), "--route", "inv.*=wh.{table}"])
     assert isinstance(clash.exception, InputError)
     assert "--route: --config gives the pipeline's settings" in str(clash.exception)

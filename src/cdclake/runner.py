@@ -6,6 +6,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -236,7 +237,6 @@ def replay(
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
     batch, but each file is its own stream: they are applied once they pass the limits.
     """
-    checked = files.check_files(paths)
     settings = PipelineSettings(
         lake=lake,
         app_id=f"cdclake-replay-{uuid.uuid4()}",
@@ -257,6 +257,35 @@ def replay(
         table_format=table_format,
         iceberg_catalog=iceberg_catalog,
     )
+    return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
+
+
+def replay_settings(config: PipelineConfig, format_name: str) -> PipelineSettings:
+    """A pipeline configuration's settings for a replay of capture files in ``format_name`` (``cdclake replay
+    --config``): its own id and name (``replay``, as every file replay records), the format's options from the
+    configuration, and everything else as the pipeline has it, history tables and ``sequence_by`` included."""
+    settings = settings_from_config(config, f"cdclake-replay-{uuid.uuid4()}")
+    return replace(
+        settings,
+        name="replay",
+        default_format=format_name,
+        topic_formats={},
+        format_options={format_name: dict(settings.format_options.get(format_name, {}))},
+    )
+
+
+def replay_files(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    paths: Sequence[str],
+    *,
+    encoding: files.InputEncoding = "lines",
+    batch_lines: int = 1_000_000,
+    on_batch: BatchCallback | None = None,
+) -> list[BatchResult]:
+    """:func:`replay` with the settings given whole (``settings.default_format`` reads every file)."""
+    checked = files.check_files(paths)
+    lake, transaction_consistent = settings.lake, settings.transaction_consistent
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []
     for index, path in enumerate(checked):

@@ -10,6 +10,7 @@ import base64
 import logging
 import os
 import sys
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
@@ -159,9 +160,18 @@ def formats() -> None:
 def replay(
     files: Annotated[list[str], typer.Argument(help="Capture files, applied in this order.")],
     format_name: Annotated[
-        str, typer.Option("--format", help="Format name (see `cdclake formats`), or `auto` for JSON formats.")
-    ],
-    lake: Annotated[str, typer.Option(help="Lake directory.")],
+        str | None,
+        typer.Option("--format", help="Format name (see `cdclake formats`), or `auto` for JSON formats."),
+    ] = None,
+    lake: Annotated[str | None, typer.Option(help="Lake directory (or --config).")] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A pipeline's configuration (YAML): replay with its lake, format and options, keys, tables, routes, "
+            "DDL, sequence_by, transactions, history tables, table format and Spark settings.",
+        ),
+    ] = None,
     input_encoding: Annotated[
         str, typer.Option(help="lines: one JSON message per line; b64: one base64 binary message per line.")
     ] = "lines",
@@ -174,8 +184,8 @@ def replay(
     route: RouteOption = None,
     batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
     ddl_policy: Annotated[
-        str, typer.Option(help="What DDL statements do to lake tables: evolve, ignore or fail.")
-    ] = "evolve",
+        str | None, typer.Option(help="What DDL statements do to lake tables: evolve (default), ignore or fail.")
+    ] = None,
     online_schema_change: OnlineSchemaChangeOption = False,
     transaction_consistent: Annotated[
         bool,
@@ -200,64 +210,124 @@ def replay(
         typer.Option(help="Keep an SCD type 2 history table for this table (db.table), or `all`; repeatable."),
     ] = None,
     deletion_vectors: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="When lake and history tables use Delta deletion vectors: auto (once their MERGEs rewrite enough), "
-            "always, never."
+            help="When lake and history tables use Delta deletion vectors: auto (default: once their MERGEs rewrite "
+            "enough), always, never."
         ),
-    ] = "auto",
-    table_format: TableFormatOption = "delta",
+    ] = None,
+    table_format: Annotated[
+        str | None,
+        typer.Option(help="The lake tables' format: delta (default), or iceberg (README: Iceberg lake tables)."),
+    ] = None,
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
         raise InputError(f"--input-encoding must be 'lines' or 'b64', not {input_encoding!r}")
-    if ddl_policy not in ("evolve", "ignore", "fail"):
-        raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
-    if deletion_vectors not in ("auto", "always", "never"):
-        raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
-    _check_table_format(table_format, iceberg_catalog)
     from cdclake.formats import get_format
+    from cdclake.pipeline import BatchResult
     from cdclake.runner import replay as run_replay
+    from cdclake.runner import replay_files, replay_settings
     from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
+    format_options = _parse_options(option or [])
     tables = _table_filter(include_table or [], exclude_table or [])
     routes = _table_routes(route or [])
-    format_options = _parse_options(option or [])
     sequence_map = _parse_sequence_by(sequence_by or [])
-    if format_name != "auto":
+    if format_name not in (None, "auto"):
         get_format(format_name)
     check_files(files)
-    if format_name == "auto":
+    cfg = None
+    if config is not None:
+        from cdclake.config import load_config
+
+        given = {
+            "--lake": lake is not None,
+            "--include-table": bool(include_table),
+            "--exclude-table": bool(exclude_table),
+            "--route": bool(route),
+            "--ddl-policy": ddl_policy is not None,
+            "--online-schema-change": online_schema_change,
+            "--transaction-consistent": transaction_consistent,
+            "--sequence-by": bool(sequence_by),
+            "--changelog": bool(changelog),
+            "--scd2": bool(scd2),
+            "--deletion-vectors": deletion_vectors is not None,
+            "--table-format": table_format is not None,
+            "--iceberg-catalog": iceberg_catalog is not None,
+        }
+        if clashing := [name for name, set_ in given.items() if set_]:
+            raise InputError(
+                f"{', '.join(clashing)}: --config gives the pipeline's settings; change them in {config}, or drop "
+                "--config and give every setting as an option (--format, --keys and --option add to the "
+                "configuration's)"
+            )
+        cfg = load_config(config)
+        format_name = format_name or cfg.format
+        if format_name is None:
+            raise InputError(f"{config} names no single `format` (only `topic_formats`): give --format NAME")
+    else:
+        if lake is None or format_name is None:
+            raise InputError("give --lake DIR and --format NAME, or --config with a pipeline's configuration")
+        if ddl_policy not in (None, "evolve", "ignore", "fail"):
+            raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
+        if deletion_vectors not in (None, "auto", "always", "never"):
+            raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
+        _check_table_format(table_format or "delta", iceberg_catalog)
+    if format_name != "auto":
+        get_format(format_name)
+    else:
         from cdclake.detect import detect_format, sample_lines
 
         format_name = detect_format(sample_lines(files, input_encoding))
         err.print(f"--format auto: detected {format_name}")
-    spark = _session()
     with out.status("replaying...") as status:
-        results = run_replay(
-            spark,
-            lake=lake,
-            format_name=format_name,
-            paths=files,
-            encoding=input_encoding,  # type: ignore[arg-type]
-            keys=key_map,
-            tables=tables,
-            routes=routes,
-            batch_lines=batch_lines,
-            ddl_policy=ddl_policy,  # type: ignore[arg-type]
-            online_schema_change=OnlineSchemaChange() if online_schema_change else None,
-            transaction_consistent=transaction_consistent,
-            format_options=format_options,
-            sequence_by=sequence_map,
-            changelog=_table_selection(changelog or []),
-            scd2=_table_selection(scd2 or []),
-            deletion_vectors=deletion_vectors,  # type: ignore[arg-type]
-            table_format=table_format,  # type: ignore[arg-type]
-            iceberg_catalog=iceberg_catalog,
-            on_batch=lambda r: status.update(f"batch {r.batch_id}: {r.messages} messages"),
-        )
+
+        def progress(result: BatchResult) -> None:
+            status.update(f"batch {result.batch_id}: {result.messages} messages")
+
+        if cfg is not None:
+            settings = replay_settings(cfg, format_name)
+            options = {**settings.format_options[format_name], **format_options}
+            settings = replace(settings, keys={**settings.keys, **key_map}, format_options={format_name: options})
+            spark = _session(cfg.spark)
+            results = replay_files(
+                spark,
+                settings,
+                files,
+                encoding=input_encoding,  # type: ignore[arg-type]
+                batch_lines=batch_lines,
+                on_batch=progress,
+            )
+            lake, table_format, iceberg_catalog = settings.lake, settings.table_format, settings.iceberg_catalog
+        else:
+            assert lake is not None
+            spark = _session()
+            table_format = table_format or "delta"
+            results = run_replay(
+                spark,
+                lake=lake,
+                format_name=format_name,
+                paths=files,
+                encoding=input_encoding,  # type: ignore[arg-type]
+                keys=key_map,
+                tables=tables,
+                routes=routes,
+                batch_lines=batch_lines,
+                ddl_policy=ddl_policy or "evolve",  # type: ignore[arg-type]
+                online_schema_change=OnlineSchemaChange() if online_schema_change else None,
+                transaction_consistent=transaction_consistent,
+                format_options=format_options,
+                sequence_by=sequence_map,
+                changelog=_table_selection(changelog or []),
+                scd2=_table_selection(scd2 or []),
+                deletion_vectors=deletion_vectors or "auto",  # type: ignore[arg-type]
+                table_format=table_format,  # type: ignore[arg-type]
+                iceberg_catalog=iceberg_catalog,
+                on_batch=progress,
+            )
     _print_summary(spark, lake, results, table_format, iceberg_catalog)
 
 
