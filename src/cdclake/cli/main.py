@@ -117,6 +117,16 @@ def _parse_options(values: list[str]) -> dict[str, str]:
     return options
 
 
+def _refuse_with_config(config: str, adding: str, given: dict[str, bool]) -> None:
+    """With ``--config`` the settings come from the pipeline's file: the options among ``given`` that were set
+    would contradict it (``adding``: the options that add to it instead)."""
+    if clashing := [name for name, is_set in given.items() if is_set]:
+        raise InputError(
+            f"{', '.join(clashing)}: --config gives the pipeline's settings; change them in {config}, or drop "
+            f"--config and give every setting as an option ({adding} add to the configuration's)"
+        )
+
+
 IncludeTableOption = Annotated[
     list[str] | None,
     typer.Option(help="Land only tables matching this pattern (db.table, * and ? wildcards); repeatable."),
@@ -216,10 +226,7 @@ def replay(
             "enough), always, never."
         ),
     ] = None,
-    table_format: Annotated[
-        str | None,
-        typer.Option(help="The lake tables' format: delta (default), or iceberg (README: Iceberg lake tables)."),
-    ] = None,
+    table_format: DefaultTableFormatOption = None,
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
@@ -243,27 +250,25 @@ def replay(
     if config is not None:
         from cdclake.config import load_config
 
-        given = {
-            "--lake": lake is not None,
-            "--include-table": bool(include_table),
-            "--exclude-table": bool(exclude_table),
-            "--route": bool(route),
-            "--ddl-policy": ddl_policy is not None,
-            "--online-schema-change": online_schema_change,
-            "--transaction-consistent": transaction_consistent,
-            "--sequence-by": bool(sequence_by),
-            "--changelog": bool(changelog),
-            "--scd2": bool(scd2),
-            "--deletion-vectors": deletion_vectors is not None,
-            "--table-format": table_format is not None,
-            "--iceberg-catalog": iceberg_catalog is not None,
-        }
-        if clashing := [name for name, set_ in given.items() if set_]:
-            raise InputError(
-                f"{', '.join(clashing)}: --config gives the pipeline's settings; change them in {config}, or drop "
-                "--config and give every setting as an option (--format, --keys and --option add to the "
-                "configuration's)"
-            )
+        _refuse_with_config(
+            config,
+            "--format, --keys and --option",
+            {
+                "--lake": lake is not None,
+                "--include-table": bool(include_table),
+                "--exclude-table": bool(exclude_table),
+                "--route": bool(route),
+                "--ddl-policy": ddl_policy is not None,
+                "--online-schema-change": online_schema_change,
+                "--transaction-consistent": transaction_consistent,
+                "--sequence-by": bool(sequence_by),
+                "--changelog": bool(changelog),
+                "--scd2": bool(scd2),
+                "--deletion-vectors": deletion_vectors is not None,
+                "--table-format": table_format is not None,
+                "--iceberg-catalog": iceberg_catalog is not None,
+            },
+        )
         cfg = load_config(config)
         format_name = format_name or cfg.format
         if format_name is None:
@@ -518,6 +523,11 @@ def dlq_list(
 TableFormatOption = Annotated[
     str, typer.Option(help="The lake tables' format: delta, or iceberg (README: Iceberg lake tables).")
 ]
+DefaultTableFormatOption = Annotated[
+    str | None,
+    typer.Option(help="The lake tables' format: delta (default), or iceberg (README: Iceberg lake tables)."),
+]
+"""For the commands that can take it from a pipeline's configuration instead (--config)."""
 IcebergCatalogOption = Annotated[
     str | None,
     typer.Option(help="With --table-format iceberg: a Spark catalog of the session for the lake tables."),
@@ -566,10 +576,7 @@ def dlq_replay(
     dry_run: Annotated[
         bool, typer.Option(help="Only decode and report what would go through and what still fails; write nothing.")
     ] = False,
-    table_format: Annotated[
-        str | None,
-        typer.Option(help="The lake tables' format: delta (default), or iceberg (README: Iceberg lake tables)."),
-    ] = None,
+    table_format: DefaultTableFormatOption = None,
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Decode unresolved dead letters again and apply them like any batch; each is applied at most once."""
@@ -585,20 +592,19 @@ def dlq_replay(
         from cdclake.config import load_config
         from cdclake.runner import settings_from_config
 
-        given = {
-            "--lake": lake is not None,
-            "--include-table": bool(include_table),
-            "--exclude-table": bool(exclude_table),
-            "--route": bool(route),
-            "--online-schema-change": online_schema_change,
-            "--table-format": table_format is not None,
-            "--iceberg-catalog": iceberg_catalog is not None,
-        }
-        if clashing := [name for name, set_ in given.items() if set_]:
-            raise InputError(
-                f"{', '.join(clashing)}: --config gives the pipeline's settings; change them in {config}, or drop "
-                "--config and give every setting as an option (--keys and --option add to the configuration's)"
-            )
+        _refuse_with_config(
+            config,
+            "--keys and --option",
+            {
+                "--lake": lake is not None,
+                "--include-table": bool(include_table),
+                "--exclude-table": bool(exclude_table),
+                "--route": bool(route),
+                "--online-schema-change": online_schema_change,
+                "--table-format": table_format is not None,
+                "--iceberg-catalog": iceberg_catalog is not None,
+            },
+        )
         cfg = load_config(config)
         settings, spark_conf, lake = settings_from_config(cfg, app_id=""), cfg.spark, cfg.lake
         pipeline = pipeline or cfg.name
