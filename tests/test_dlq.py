@@ -369,6 +369,11 @@ def test_replayed_with_the_pipeline_configuration_its_history_tables_get_the_cha
     done = runner.invoke(app, ["dlq", "replay", "--config", str(config), "--pipeline", "replay"])
     assert done.exit_code == 0, done.output
     assert "2 dead letters, 2 applied, 0 failed again" in done.output
+    listed = runner.invoke(app, ["dlq", "list", "--config", str(config), "--pipeline", "replay", "--all"])
+    assert "2 dead letters, 0 unresolved" in listed.output, listed.output
+    status = runner.invoke(app, ["status", "--config", str(config)])
+    assert status.exit_code == 0, status.output
+    assert "inv.stock" in status.output
     assert stock_rows(lake) == [("a", "one dozen"), ("b", "two dozen"), ("c", "3")]
     changelog = history_table(spark, lake, "changelog", "inv", "stock")
     assert changelog is not None

@@ -8,6 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import yaml
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
@@ -70,9 +71,15 @@ def test_maintain_removes_what_only_old_versions_need(spark, tmp_path: Path, tab
     before = {table: _data_files(table) for table in lake_tables}
     assert any(before[table] - _referenced(spark, table, table_format) for table in lake_tables)
 
-    result = CliRunner().invoke(
-        app, ["maintain", "--lake", lake, "--retain-hours", "0", "--table-format", table_format]
-    )
+    if table_format == "delta":
+        arguments = ["--lake", lake, "--table-format", table_format]
+    else:  # the lake, table format and Spark settings of a pipeline's configuration
+        config = tmp_path / "pipeline.yaml"
+        kafka = {"bootstrap_servers": "127.0.0.1:9", "topics": ["dw"]}
+        configured = {"lake": lake, "kafka": kafka, "format": "dataworks-json", "table_format": table_format}
+        config.write_text(yaml.safe_dump(configured))
+        arguments = ["--config", str(config)]
+    result = CliRunner().invoke(app, ["maintain", *arguments, "--retain-hours", "0"])
     assert result.exit_code == 0, result.output
     for kind in ("lake", "changelog", "scd2", "bookkeeping"):
         assert kind in result.output

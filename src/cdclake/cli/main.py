@@ -22,6 +22,7 @@ from cdclake.exceptions import CdclakeError, ConfigError, InputError
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes, check_pattern, check_target
 
 if TYPE_CHECKING:
+    from cdclake.config import PipelineConfig
     from cdclake.dlq import DeadLetter, DeadLetterFilter
 
 app = typer.Typer(
@@ -127,6 +128,29 @@ def _refuse_with_config(config: str, adding: str, given: dict[str, bool]) -> Non
         )
 
 
+ConfigOption = Annotated[
+    str | None,
+    typer.Option("--config", help="A pipeline's configuration (YAML): its lake, table format and Spark settings."),
+]
+
+
+def _lake_of(
+    lake: str | None, config: str | None, given: dict[str, bool] | None = None, adding: str = "the filters"
+) -> tuple[str, PipelineConfig | None]:
+    """The lake a command works on, from ``--lake`` or from a pipeline's ``--config`` (then with that
+    configuration); ``given``: the command's other options that the configuration settles, ``adding``: those that
+    add to it."""
+    if config is None:
+        if lake is None:
+            raise InputError("give the lake: --lake DIR, or --config with a pipeline's configuration")
+        return lake, None
+    from cdclake.config import load_config
+
+    _refuse_with_config(config, adding, {"--lake": lake is not None, **(given or {})})
+    cfg = load_config(config)
+    return cfg.lake, cfg
+
+
 IncludeTableOption = Annotated[
     list[str] | None,
     typer.Option(help="Land only tables matching this pattern (db.table, * and ? wildcards); repeatable."),
@@ -173,7 +197,7 @@ def replay(
         str | None,
         typer.Option("--format", help="Format name (see `cdclake formats`), or `auto` for JSON formats."),
     ] = None,
-    lake: Annotated[str | None, typer.Option(help="Lake directory (or --config).")] = None,
+    lake: LakeOption = None,
     config: Annotated[
         str | None,
         typer.Option(
@@ -337,11 +361,15 @@ def replay(
 
 
 @app.command()
-def status(lake: Annotated[str, typer.Option(help="Lake directory.")]) -> None:
+def status(
+    lake: LakeOption = None,
+    config: ConfigOption = None,
+) -> None:
     """Per table: last position, last source event time and lag; per Kafka partition: last offset."""
     from cdclake.status import lake_status
 
-    rows = lake_status(_session(), lake)
+    lake, cfg = _lake_of(lake, config)
+    rows = lake_status(_session(cfg.spark if cfg else None), lake)
     if not rows:
         raise InputError(f"no cdclake progress in {lake} (nothing applied yet, or not a cdclake lake)")
     table = Table("scope", "table / partition", "events", "last position", "last event time", "lag", "last batch at")
@@ -430,7 +458,7 @@ def check(
 # ----------------------------------------------------------------------------------------------------------------
 # cdclake dlq
 
-LakeOption = Annotated[str, typer.Option(help="Lake directory.")]
+LakeOption = Annotated[str | None, typer.Option(help="Lake directory (or --config).")]
 PipelineOption = Annotated[
     str | None, typer.Option("--pipeline", help="Only dead letters recorded by this pipeline (`replay`: file replays).")
 ]
@@ -483,7 +511,11 @@ def _state(dead_letter: DeadLetter) -> str:
 
 @dlq_app.command("list")
 def dlq_list(
-    lake: LakeOption,
+    lake: LakeOption = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="A pipeline's configuration (YAML): its lake, and only its dead letters."),
+    ] = None,
     pipeline: PipelineOption = None,
     topic: TopicOption = None,
     table: TableOption = None,
@@ -496,8 +528,10 @@ def dlq_list(
     """Dead letters in message order, with the newest reason and whether a replay applied them."""
     from cdclake.dlq import list_dead_letters
 
-    filters = _dead_letter_filter(pipeline, topic, table, reason, since)
-    listing = list_dead_letters(_session(), lake, filters, include_resolved=include_resolved, limit=limit)
+    lake, cfg = _lake_of(lake, config)
+    filters = _dead_letter_filter(pipeline or (cfg.name if cfg else None), topic, table, reason, since)
+    session = _session(cfg.spark if cfg else None)
+    listing = list_dead_letters(session, lake, filters, include_resolved=include_resolved, limit=limit)
     if not listing.matched:
         out.print(f"no {'' if include_resolved else 'unresolved '}dead letters match in {lake}")
         return
@@ -543,7 +577,7 @@ def _check_table_format(table_format: str, iceberg_catalog: str | None) -> None:
 
 @dlq_app.command("replay")
 def dlq_replay(
-    lake: Annotated[str | None, typer.Option(help="Lake directory (or --config).")] = None,
+    lake: LakeOption = None,
     config: Annotated[
         str | None,
         typer.Option(
@@ -587,29 +621,21 @@ def dlq_replay(
     options = _parse_options(option or [])
     if format_name is not None:
         get_format(format_name)
+    settled = {
+        "--include-table": bool(include_table),
+        "--exclude-table": bool(exclude_table),
+        "--route": bool(route),
+        "--online-schema-change": online_schema_change,
+        "--table-format": table_format is not None,
+        "--iceberg-catalog": iceberg_catalog is not None,
+    }
+    lake, cfg = _lake_of(lake, config, settled, adding="--keys, --option and the filters")
     settings, spark_conf = None, None
-    if config is not None:
-        from cdclake.config import load_config
+    if cfg is not None:
         from cdclake.runner import settings_from_config
 
-        _refuse_with_config(
-            config,
-            "--keys and --option",
-            {
-                "--lake": lake is not None,
-                "--include-table": bool(include_table),
-                "--exclude-table": bool(exclude_table),
-                "--route": bool(route),
-                "--online-schema-change": online_schema_change,
-                "--table-format": table_format is not None,
-                "--iceberg-catalog": iceberg_catalog is not None,
-            },
-        )
-        cfg = load_config(config)
-        settings, spark_conf, lake = settings_from_config(cfg, app_id=""), cfg.spark, cfg.lake
+        settings, spark_conf = settings_from_config(cfg, app_id=""), cfg.spark
         pipeline = pipeline or cfg.name
-    elif lake is None:
-        raise InputError("give the lake: --lake DIR, or --config with the pipeline's configuration")
     else:
         _check_table_format(table_format or "delta", iceberg_catalog)
     filters = _dead_letter_filter(pipeline, topic, table, reason, since)
@@ -659,7 +685,8 @@ def dlq_replay(
 
 @app.command()
 def maintain(
-    lake: LakeOption,
+    lake: LakeOption = None,
+    config: ConfigOption = None,
     retain_hours: Annotated[
         int,
         typer.Option(
@@ -667,7 +694,7 @@ def maintain(
             min=0,
         ),
     ] = 168,
-    table_format: TableFormatOption = "delta",
+    table_format: DefaultTableFormatOption = None,
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Remove old files and snapshots from the lake, history and bookkeeping tables (Delta VACUUM, Iceberg
@@ -675,10 +702,15 @@ def maintain(
     longer than any write takes."""
     from cdclake.maintain import maintain_lake
 
+    settled = {"--table-format": table_format is not None, "--iceberg-catalog": iceberg_catalog is not None}
+    lake, cfg = _lake_of(lake, config, settled)
+    if cfg is not None:
+        table_format, iceberg_catalog = cfg.table_format, cfg.iceberg_catalog
+    table_format = table_format or "delta"
     _check_table_format(table_format, iceberg_catalog)
     with out.status("removing old files..."):
         done = maintain_lake(
-            _session(),
+            _session(cfg.spark if cfg else None),
             lake,
             table_format=table_format,  # type: ignore[arg-type]
             iceberg_catalog=iceberg_catalog,
