@@ -9,10 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
+from cdclake.exceptions import CdclakeError, SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat
@@ -181,8 +183,14 @@ def run(
         on_batch(recovered)
     messages = kafka.read_stream(spark, config.kafka.spark_options())
 
+    raised: list[BaseException] = []
+
     def process(batch: DataFrame, batch_id: int) -> None:
-        result = pipeline.process_batch(batch, batch_id)
+        try:
+            result = pipeline.process_batch(batch, batch_id)
+        except BaseException as exc:
+            raised.append(exc)  # Spark reports it as the query's failure, as text: kept to raise it as it is
+            raise
         if on_batch is not None:
             on_batch(result)
 
@@ -197,6 +205,18 @@ def run(
     except KeyboardInterrupt:
         log.info("stopping %s", config.name)
         query.stop()
+    except StreamingQueryException as exc:
+        # The batch's own error (a SchemaChangeError of the `fail` policy names the table and the fix), or the
+        # Kafka client's reason, instead of the query's wrapping of either; the checkpoint keeps the failed batch.
+        if raised and isinstance(raised[-1], CdclakeError):
+            raise raised[-1] from exc
+        reason = kafka.failure_reason(exc)
+        if reason is not None:
+            raise SourceUnavailableError(
+                f"cannot read Kafka at {config.kafka.bootstrap_servers}: {reason} (the stream stopped; started again, "
+                "it goes on from its checkpoint)"
+            ) from exc
+        raise
 
 
 def replay(

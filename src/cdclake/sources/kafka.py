@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
@@ -44,14 +45,26 @@ def read_batch(
         return frame.select(*MESSAGE_COLUMNS).limit(limit).localCheckpoint(eager=True)
     except Py4JJavaError as exc:
         raise SourceUnavailableError(
-            f"cannot read Kafka at {options.get('kafka.bootstrap.servers')}: {_root_cause(exc)}"
+            f"cannot read Kafka at {options.get('kafka.bootstrap.servers')}: {_described(_root(exc.java_exception))}"
         ) from exc
 
 
-def _root_cause(error: Py4JJavaError) -> str:
-    """The innermost Java exception of a failed Spark call, as ``class: message`` (the Kafka client's reason,
-    e.g. ``TimeoutException: Timed out waiting for a node assignment``)."""
-    cause = error.java_exception
-    while cause.getCause() is not None and cause.getCause() != cause:
+def failure_reason(error: Exception) -> str | None:
+    """The Kafka client's reason for a failed query (e.g. ``TimeoutException: Timed out waiting for a node
+    assignment``), or None when its innermost cause is not the Kafka client's."""
+    origin = getattr(error, "_origin", None)  # the JVM exception PySpark converted
+    if origin is None:
+        return None
+    root = _root(origin)
+    return _described(root) if str(root.getClass().getName()).startswith("org.apache.kafka.") else None
+
+
+def _root(java_exception: Any) -> Any:
+    cause = java_exception
+    while cause.getCause() is not None and not cause.getCause().equals(cause):
         cause = cause.getCause()
-    return f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"
+    return cause
+
+
+def _described(java_exception: Any) -> str:
+    return f"{java_exception.getClass().getSimpleName()}: {java_exception.getMessage()}"
