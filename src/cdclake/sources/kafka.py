@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.exceptions import SourceUnavailableError
@@ -43,28 +43,26 @@ def read_batch(
     frame = reader.option("endingOffsets", "latest").load()
     try:
         return frame.select(*MESSAGE_COLUMNS).limit(limit).localCheckpoint(eager=True)
-    except Py4JJavaError as exc:
+    except (Py4JJavaError, CapturedException) as exc:
+        reason = failure_reason(exc)
+        if reason is None:
+            raise
         raise SourceUnavailableError(
-            f"cannot read Kafka at {options.get('kafka.bootstrap.servers')}: {_described(_root(exc.java_exception))}"
+            f"cannot read Kafka at {options.get('kafka.bootstrap.servers')}: {reason}"
         ) from exc
 
 
 def failure_reason(error: Exception) -> str | None:
-    """The Kafka client's reason for a failed query (e.g. ``TimeoutException: Timed out waiting for a node
-    assignment``), or None when its innermost cause is not the Kafka client's."""
-    origin = getattr(error, "_origin", None)  # the JVM exception PySpark converted
-    if origin is None:
+    """The Kafka client's reason for a failed Spark call or query (e.g. ``TimeoutException: Timed out waiting for a
+    node assignment``), or None when its innermost cause is not the Kafka client's."""
+    # The JVM exception: py4j's own error keeps it as java_exception, PySpark's converted ones as _origin.
+    root = getattr(error, "java_exception", None)
+    if root is None:
+        root = getattr(error, "_origin", None)
+    if root is None:
         return None
-    root = _root(origin)
-    return _described(root) if str(root.getClass().getName()).startswith("org.apache.kafka.") else None
-
-
-def _root(java_exception: Any) -> Any:
-    cause = java_exception
-    while cause.getCause() is not None and not cause.getCause().equals(cause):
-        cause = cause.getCause()
-    return cause
-
-
-def _described(java_exception: Any) -> str:
-    return f"{java_exception.getClass().getSimpleName()}: {java_exception.getMessage()}"
+    while root.getCause() is not None and not root.getCause().equals(root):
+        root = root.getCause()
+    if not str(root.getClass().getName()).startswith("org.apache.kafka."):
+        return None
+    return f"{root.getClass().getSimpleName()}: {root.getMessage()}"
