@@ -270,44 +270,34 @@ def replay(
     if format_name not in (None, "auto"):
         get_format(format_name)
     check_files(files)
-    cfg = None
-    if config is not None:
-        from cdclake.config import load_config
-
-        _refuse_with_config(
-            config,
-            "--format, --keys and --option",
-            {
-                "--lake": lake is not None,
-                "--include-table": bool(include_table),
-                "--exclude-table": bool(exclude_table),
-                "--route": bool(route),
-                "--ddl-policy": ddl_policy is not None,
-                "--online-schema-change": online_schema_change,
-                "--transaction-consistent": transaction_consistent,
-                "--sequence-by": bool(sequence_by),
-                "--changelog": bool(changelog),
-                "--scd2": bool(scd2),
-                "--deletion-vectors": deletion_vectors is not None,
-                "--table-format": table_format is not None,
-                "--iceberg-catalog": iceberg_catalog is not None,
-            },
-        )
-        cfg = load_config(config)
-        format_name = format_name or cfg.format
+    settled = {
+        "--include-table": bool(include_table),
+        "--exclude-table": bool(exclude_table),
+        "--route": bool(route),
+        "--ddl-policy": ddl_policy is not None,
+        "--online-schema-change": online_schema_change,
+        "--transaction-consistent": transaction_consistent,
+        "--sequence-by": bool(sequence_by),
+        "--changelog": bool(changelog),
+        "--scd2": bool(scd2),
+        "--deletion-vectors": deletion_vectors is not None,
+        "--table-format": table_format is not None,
+        "--iceberg-catalog": iceberg_catalog is not None,
+    }
+    lake, cfg = _lake_of(lake, config, settled, adding="--format, --keys and --option")
+    if cfg is not None:
+        format_name = format_name or cfg.format  # the configuration's format is checked when it is loaded
         if format_name is None:
             raise InputError(f"{config} names no single `format` (only `topic_formats`): give --format NAME")
     else:
-        if lake is None or format_name is None:
-            raise InputError("give --lake DIR and --format NAME, or --config with a pipeline's configuration")
+        if format_name is None:
+            raise InputError("give --format NAME (or --config with a pipeline's configuration)")
         if ddl_policy not in (None, "evolve", "ignore", "fail"):
             raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
         if deletion_vectors not in (None, "auto", "always", "never"):
             raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
         _check_table_format(table_format or "delta", iceberg_catalog)
-    if format_name != "auto":
-        get_format(format_name)
-    else:
+    if format_name == "auto":
         from cdclake.detect import detect_format, sample_lines
 
         format_name = detect_format(sample_lines(files, input_encoding))
@@ -332,7 +322,6 @@ def replay(
             )
             lake, table_format, iceberg_catalog = settings.lake, settings.table_format, settings.iceberg_catalog
         else:
-            assert lake is not None
             spark = _session()
             table_format = table_format or "delta"
             results = run_replay(
