@@ -63,7 +63,13 @@ def _key_ranges_always(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(DeltaSink, "key_ranges_pay", return_value=True)
 
 
+def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:
+    """No read of the lake tables' CHECK constraints per batch (before cdclake.constraints)."""
+    return mock.patch.object(DeltaSink, "check_constraints", return_value={})
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
+    "no-constraint-reads": _no_constraint_reads,
     "no-key-ranges": _no_key_ranges,
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,

@@ -42,6 +42,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
+from cdclake.constraints import columns_used
 from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid_name, parse_ddl, widened
 from cdclake.exceptions import TerminalError
 from cdclake.model import Op
@@ -424,6 +425,8 @@ class SchemaEvolution:
                 f"too; this table's values arrive as column {new_name}"
             )
         keys = sink.key_columns(*ident)
+        if kind == "drop_column" or new_name != name:
+            self._refuse_if_constrained(ident, [name], columns)
         if kind == "drop_column":
             if name.lower() in (k.lower() for k in keys):
                 raise _IncompatibleChangeError(
@@ -487,6 +490,8 @@ class SchemaEvolution:
         definition = created + kept
         if definition == list(columns) and keys == self.sink.key_columns(*ident):
             return "nothing to do: the empty lake table has the new definition"
+        defined = {n.lower() for n, _ in definition}
+        self._refuse_if_constrained(ident, [n for n, _ in columns if n.lower() not in defined], columns)
         stored = {n.lower(): n for n, _ in columns}
         rewritten = [
             (name, (F.col(quote(stored[name.lower()])) if name.lower() in stored else F.lit(None)).cast(spark_type))
@@ -495,6 +500,22 @@ class SchemaEvolution:
         self.sink.rewrite(*ident, rewritten, txn, key_columns=keys)
         described = ", ".join(f"{n} {t}" for n, t in definition)
         return f"applied: the empty lake table takes the new definition ({described}; key {', '.join(keys) or 'none'})"
+
+    def _refuse_if_constrained(
+        self, ident: tuple[str | None, str | None, str], lost: Sequence[str], columns: Sequence[tuple[str, str]]
+    ) -> None:
+        """Raises when a CHECK constraint of the lake table reads a column of ``lost`` (dropped or renamed): Delta
+        refuses the rewrite, and every later write, while a constraint reads a column the table no longer has. The
+        lake's owner decides: drop the constraint, then replay the dead letter."""
+        if not lost:
+            return
+        for constraint, condition in sorted(self.sink.check_constraints(*ident).items()):
+            read = [name for name in columns_used(condition, columns) if name in lost]
+            if read:
+                raise _IncompatibleChangeError(
+                    f"column {read[0]} is read by CHECK constraint {constraint} ({condition}) of the lake table; "
+                    f"drop the constraint (ALTER TABLE ... DROP CONSTRAINT {constraint}), then replay this dead letter"
+                )
 
     @staticmethod
     def _plan(table: TableName, order: str | None) -> apply.TablePlan:

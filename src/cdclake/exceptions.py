@@ -52,3 +52,8 @@ class InputError(TerminalError):
 class SourceUnavailableError(CdclakeError):
     """The message source cannot be read (brokers unreachable, access refused...); the message gives the client's
     own reason. Retrying may help once the cause is gone."""
+
+
+class ConstraintViolationError(TerminalError):
+    """A row failed a CHECK constraint of a lake table at the write, where cdclake could not check it first (see
+    :mod:`cdclake.constraints`); the message names the table and the fix."""

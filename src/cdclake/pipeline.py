@@ -20,6 +20,8 @@ held back again instead of applied (see :meth:`Pipeline._process_complete_transa
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +40,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
+from cdclake.constraints import violation_reason
 from cdclake.ddl import TableName
 from cdclake.evolve import (
     SCHEMA_CHANGES,
@@ -630,18 +633,18 @@ class Pipeline:
         with result.timed("plan"):
             # Tables with only DDL events here are created by their statements (cdclake.evolve), not empty.
             plans = [p for p in apply.plan_tables(good, self.settings.keys) if p.row_events or p.truncate_order]
-            table_columns = self._ensure_tables(plans)
+            table_columns, constraints = self._ensure_tables(plans)
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
 
-        misfit = self._misfit_reason(plans, table_columns)
+        misfit = self._misfit_reason(plans, table_columns, constraints)
         if misfit is not None:
             with result.timed("misfit"):
                 bad = good.where(misfit.isNotNull())
                 extra = bad.count()
                 if extra:
-                    self._dead_letters(bad, misfit, batch_id, _sub_txn(txn, "misfit"))
+                    self._dead_letters(bad, misfit, batch_id, _sub_txn(txn, _misfit_marker(constraints)))
                     result.dead_letters += extra
                 good = good.where(misfit.isNull())
 
@@ -735,19 +738,27 @@ class Pipeline:
             *(replaced.get(column, F.col(column)).alias(column) for column in statement.columns)
         )
 
-    def _ensure_tables(self, plans: Sequence[apply.TablePlan]) -> dict[str, list[tuple[str, str]]]:
-        """Creates or widens the lake tables of ``plans``; their (name, type) user columns by table id.
+    def _ensure_tables(
+        self, plans: Sequence[apply.TablePlan]
+    ) -> tuple[dict[str, list[tuple[str, str]]], dict[str, dict[str, str]]]:
+        """Creates or widens the lake tables of ``plans``; their (name, type) user columns and their CHECK constraints
+        (name -> condition, read every batch: the lake's owner may add or drop one any time), by table id.
 
         Concurrently, as the MERGEs: creating a table is a commit and a read of its log (0.2-0.3 s on two cores),
         and an initial load creates every table in its first batch (40 tables: 7.6-8.3 s one at a time, 4.4-4.5 s
         eight at a time). Plans that land in one lake table go in turns (``in_turns``): the first creates it, the
         next sees it and adds its columns.
         """
+
+        def ensure(plan: apply.TablePlan) -> tuple[list[tuple[str, str]], dict[str, str]]:
+            return self.sink.ensure_table(plan), self.sink.check_constraints(plan.database, plan.schema, plan.table)
+
         columns: dict[str, list[tuple[str, str]]] = {}
+        constraints: dict[str, dict[str, str]] = {}
         for turn in self._in_turns(plans):
-            created = concurrently(self.sink.ensure_table, turn, self.merge_threads)
-            columns.update(zip((plan.table_id for plan in turn), created, strict=True))
-        return columns
+            for plan, (created, checks) in zip(turn, concurrently(ensure, turn, self.merge_threads), strict=True):
+                columns[plan.table_id], constraints[plan.table_id] = created, checks
+        return columns, constraints
 
     def _path_of(self, plan: apply.TablePlan) -> str:
         return self.sink.table_path(plan.database, plan.schema, plan.table)
@@ -860,14 +871,20 @@ class Pipeline:
                 )
 
     def _misfit_reason(
-        self, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
+        self,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        constraints: Mapping[str, dict[str, str]],
     ) -> Column | None:
-        """Per event: why a value does not fit the lake table's existing column type (null when it fits).
+        """Per event: why it does not fit the lake table (null when it fits): a value that does not fit the table's
+        column type, or a row that does not meet one of the table's CHECK ``constraints`` (by table id;
+        :mod:`cdclake.constraints`).
 
-        The decoder already checked each value against the type its message declares; this only matters when a
-        message declares a column with another type than the table already has.
+        The decoder already checked each value against the type its message declares; the type check only matters
+        when a message declares a column with another type than the table already has.
         """
         reason: Column | None = None
+        unmet: list[Column] = []
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
@@ -886,8 +903,6 @@ class Pipeline:
                 for key, types in sorted(plan.declared_types.items())
                 if key in stored and types - {stored[key][1]}
             ]
-            if not differing:
-                continue
             for name, declared, table_type in differing:
                 message = F.lit(
                     f"value of column {name} (declared {', '.join(declared)}) does not fit the lake table's type "
@@ -897,7 +912,24 @@ class Pipeline:
                     text = image[name]
                     lost = this_table & text.isNotNull() & model.typed_value(text, table_type).isNull()
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
-        return reason
+            if constraints.get(plan.table_id):
+                name = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
+                lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
+                not_met, unchecked = violation_reason(
+                    constraints[plan.table_id], table_columns[plan.table_id], lake_table
+                )
+                if unchecked:
+                    log.warning(
+                        "CHECK constraints %s of lake table %s (source %s) cannot be checked before the MERGE: a row "
+                        "that does not meet one fails the batch",
+                        unchecked,
+                        lake_table,
+                        name,
+                    )
+                if not_met is not None:
+                    unmet.append(F.when(this_table, not_met))
+        reasons = [r for r in (reason, *unmet) if r is not None]
+        return F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)
 
     # -------------------------------------------------------------------------------------------------------------
     # Transaction-consistent mode
@@ -1238,6 +1270,16 @@ _PROGRESS_ROLLUP = (
     "scope string, database string, schema string, table string, topic string, partition int, last_offset bigint, "
     "events bigint, ops map<string,bigint>, last_event_micros bigint, last_position string, lake_table string"
 )
+
+
+def _misfit_marker(constraints: Mapping[str, Mapping[str, str]]) -> str:
+    """The commit-marker step of a batch's misfit dead letters. They depend on the lake tables' CHECK constraints,
+    which the owner may change before a re-run of the batch: a re-run that checks other constraints writes its dead
+    letters under another marker instead of skipping them (at worst a dead letter twice, never one lost)."""
+    checked = sorted((table_id, sorted(checks.items())) for table_id, checks in constraints.items() if checks)
+    if not checked:
+        return "misfit"
+    return "misfit/" + hashlib.sha1(json.dumps(checked).encode("utf-8")).hexdigest()[:12]
 
 
 def _summary(events: DataFrame) -> list[Row]:

@@ -28,15 +28,17 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar, get_args
 
 from delta.tables import DeltaTable, DeltaTableBuilder
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
-from cdclake.spark import local_frame, session_settings
+from cdclake.exceptions import ConstraintViolationError
+from cdclake.spark import jvm_causes, local_frame, session_settings
 from cdclake.tables import TableRoutes
 
 POSITION_COLUMN: Final = "_cdc_position"
@@ -586,6 +588,15 @@ class DeltaSink:
         """The type a lake table column declared as ``spark_type`` has (Delta keeps every type as declared)."""
         return spark_type
 
+    def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
+        """The CHECK constraints of a lake table (name -> Spark SQL condition; ``cdclake.constraints``), read anew on
+        every call: the lake's owner adds and drops them with ``ALTER TABLE ... ADD/DROP CONSTRAINT`` at any time.
+        Delta keeps them as ``delta.constraints.<name>`` table properties."""
+        path = self.table_path(database, schema, table)
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(path)}").collect()
+        prefix = "delta.constraints."
+        return {row["key"][len(prefix) :]: row["value"] for row in rows if row["key"].startswith(prefix)}
+
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         """The key columns recorded when cdclake created the table."""
         path = self.table_path(database, schema, table)
@@ -698,7 +709,22 @@ class DeltaSink:
             ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
             for within in _key_ranges(statement.source, ranged):
                 condition = condition & within
-        self.merge_rows(path, statement, condition)
+        try:
+            self.merge_rows(path, statement, condition)
+        except (Py4JJavaError, CapturedException) as exc:
+            violated = next(
+                (c for c in jvm_causes(exc) if c.getClass().getSimpleName() == "DeltaInvariantViolationException"),
+                None,
+            )
+            if violated is None:
+                raise
+            # Delta's own message names the constraint and the row's values.
+            delta_message = " ".join(str(violated.getMessage()).split())
+            raise ConstraintViolationError(
+                f"MERGE into lake table {path} failed: {delta_message} (cdclake checks CHECK constraints before the "
+                "MERGE, but not on partial images that lack a column the condition reads, nor conditions it cannot "
+                "evaluate: correct the row at the source or change the constraint, then restart)"
+            ) from exc
         self.merged(path)
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:

@@ -263,6 +263,10 @@ class IcebergSink(DeltaSink):
         rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._identifier_of(path)}").collect()
         return {row["key"]: row["value"] for row in rows}
 
+    def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
+        """Iceberg tables have no CHECK constraints."""
+        return {}
+
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
         recorded = self._properties_of(path).get("cdclake.keyColumns", "")

@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.exceptions import SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
+from cdclake.spark import jvm_causes
 
 
 def read_stream(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
@@ -55,14 +56,10 @@ def read_batch(
 def failure_reason(error: Exception) -> str | None:
     """The Kafka client's reason for a failed Spark call or query (e.g. ``TimeoutException: Timed out waiting for a
     node assignment``), or None when its innermost cause is not the Kafka client's."""
-    # The JVM exception: py4j's own error keeps it as java_exception, PySpark's converted ones as _origin.
-    root = getattr(error, "java_exception", None)
-    if root is None:
-        root = getattr(error, "_origin", None)
-    if root is None:
+    causes = jvm_causes(error)
+    if not causes:
         return None
-    while root.getCause() is not None and not root.getCause().equals(root):
-        root = root.getCause()
+    root = causes[-1]
     if not str(root.getClass().getName()).startswith("org.apache.kafka."):
         return None
     return f"{root.getClass().getSimpleName()}: {root.getMessage()}"

@@ -1,0 +1,110 @@
+"""A lake table's own CHECK constraints, checked on the change events before they reach the table. Sink-agnostic.
+
+The lake's owner may add CHECK constraints to a lake table (Delta: ``ALTER TABLE t ADD CONSTRAINT name CHECK
+(condition)``). The table format enforces them on every write: a single row that does not meet one fails the whole
+MERGE, so the whole batch, and again after every restart. cdclake therefore evaluates each condition on the row
+events' after images first (:func:`violation_reason`); an event whose row would not meet it goes to the dead letters
+with the constraint named, and the rest of the batch lands. As Delta does, a condition that evaluates to NULL is not
+met.
+
+Conditions come from the lake table, not from a message: they are the owner's Spark SQL. cdclake only rewrites
+their column references (:func:`condition_on_image`) so that they read the event's after image, typed as the table
+column; sqlglot does the rewriting, so names are quoted by its Spark generator.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import sqlglot
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from cdclake import model
+
+
+def columns_used(condition: str, table_columns: Sequence[tuple[str, str]]) -> list[str]:
+    """The table columns (their lake spelling) that ``condition`` reads. A condition sqlglot cannot parse reads, for
+    safety, every column whose name occurs in its text as a word."""
+    by_lower = {name.lower(): name for name, _ in table_columns}
+    try:
+        tree = sqlglot.parse_one(condition, read="spark")
+    except SqlglotError:
+        words = {word.lower() for word in re.findall(r"\w+", condition)}
+        return [name for name, _ in table_columns if name.lower() in words]
+    used = {by_lower[column.name.lower()] for column in tree.find_all(exp.Column) if column.name.lower() in by_lower}
+    return [name for name, _ in table_columns if name in used]
+
+
+def _typed_after_value(name: str, spark_type: str) -> exp.Expr:
+    """Spark SQL for the event's after-image value of column ``name`` as ``spark_type``: the text form of
+    :func:`cdclake.model.typed_value`."""
+    text = f"`{model.AFTER}`[{exp.Literal.string(name).sql(dialect='spark')}]"
+    if spark_type == "binary":
+        sql = f"TRY_TO_BINARY({text}, 'base64')"
+    elif spark_type == "timestamp":
+        sql = f"TIMESTAMP_MICROS(TRY_CAST({text} AS BIGINT))"
+    else:
+        sql = f"TRY_CAST({text} AS {spark_type})"
+    return sqlglot.parse_one(sql, read="spark")
+
+
+def condition_on_image(condition: str, table_columns: Sequence[tuple[str, str]]) -> str | None:
+    """``condition`` with every column reference replaced by the event's after-image value of that column, typed as
+    the table column; None when cdclake cannot evaluate it that way (a reference that is not a table column, a
+    column type without canonical text, or text sqlglot cannot parse). Such a constraint is left to the table
+    format, which then fails the batch of a row that does not meet it."""
+    types = {name.lower(): (name, spark_type) for name, spark_type in table_columns}
+    try:
+        tree = sqlglot.parse_one(condition, read="spark")
+    except SqlglotError:
+        return None
+    references = list(tree.find_all(exp.Column))
+    if any(column.table or column.name.lower() not in types for column in references):
+        return None
+    if any(not model.is_supported_spark_type(types[column.name.lower()][1]) for column in references):
+        return None
+
+    def on_image(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column):
+            return _typed_after_value(*types[node.name.lower()])
+        return node
+
+    return tree.transform(on_image).sql(dialect="spark")
+
+
+def violation_reason(
+    constraints: Mapping[str, str], table_columns: Sequence[tuple[str, str]], table: str
+) -> tuple[Column | None, list[str]]:
+    """Per event of one table: why its row would not meet one of the table's CHECK ``constraints`` (name ->
+    condition), null when it meets them all or carries no row to check; and the names of the constraints that
+    cannot be checked here (:func:`condition_on_image`).
+
+    Only events with an after image are checked (inserts, updates, snapshot rows): a delete writes no row. A partial
+    image that lacks a column the condition reads is not checked: the row keeps that column's stored value, which
+    the event does not carry.
+    """
+    after = F.col(model.AFTER)
+    with_row = F.col(model.OP).isin(model.Op.INSERT.value, model.Op.UPDATE.value, model.Op.UPSERT.value)
+    with_row = with_row & after.isNotNull()
+    reason: Column | None = None
+    unchecked: list[str] = []
+    for name, condition in sorted(constraints.items()):
+        on_image = condition_on_image(condition, table_columns)
+        if on_image is None:
+            unchecked.append(name)
+            continue
+        has_all: Column = F.lit(True)
+        for column in columns_used(condition, table_columns):
+            has_all = has_all & F.map_contains_key(after, F.lit(column))
+        checked = with_row & (~F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)) | has_all)
+        not_met = checked & ~F.coalesce(F.expr(on_image), F.lit(False))
+        message = F.lit(
+            f"the row does not meet CHECK constraint {name} ({condition}) of lake table {table}: correct it at the "
+            f"source, or change the constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay this dead letter"
+        )
+        reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
+    return reason, unchecked

@@ -1,0 +1,179 @@
+"""A lake table's own CHECK constraints (README "What lands in the lake"): a row that does not meet one becomes a
+dead letter naming it, and the rest of the batch lands (Delta would otherwise fail the whole MERGE, on every
+restart); a column change that would leave a constraint reading a missing column is not applied. After the owner
+drops the constraint, the dead letters replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from cdclake import model
+from cdclake.constraints import columns_used, condition_on_image, violation_reason
+from cdclake.dlq import replay_dead_letters
+from cdclake.exceptions import ConstraintViolationError
+from cdclake.runner import replay
+
+COLUMNS = [("id", "bigint"), ("v", "string"), ("n", "bigint"), ("Weird Col", "date"), ("raw", "binary")]
+
+
+def test_columns_used_are_the_table_columns_a_condition_reads() -> None:
+    assert columns_used("n > 0 AND length(v) <= 3", COLUMNS) == ["v", "n"]
+    assert columns_used("`weird col` >= DATE'2020-01-01'", COLUMNS) == ["Weird Col"]
+    assert columns_used("N IS NOT NULL", COLUMNS) == ["n"]
+    # Text sqlglot cannot parse: every column named in it as a word, to be safe.
+    assert columns_used("n >>>> (v", COLUMNS) == ["v", "n"]
+
+
+def test_a_condition_on_the_image_reads_each_column_typed_as_the_table_column() -> None:
+    assert condition_on_image("n > 0", COLUMNS) == "TRY_CAST(`after`['n'] AS BIGINT) > 0"
+    assert (
+        condition_on_image("`weird col` IS NOT NULL OR raw IS NULL", COLUMNS)
+        == "NOT TRY_CAST(`after`['Weird Col'] AS DATE) IS NULL OR TRY_TO_BINARY(`after`['raw'], 'base64') IS NULL"
+    )
+    # Not evaluated before the MERGE (left to Delta): a column the table lacks, a qualified name, unparseable text.
+    assert condition_on_image("missing > 0", COLUMNS) is None
+    assert condition_on_image("t.n > 0", COLUMNS) is None
+    assert condition_on_image("n >>>> (v", COLUMNS) is None
+
+
+@pytest.mark.spark
+def test_partial_images_are_checked_only_when_they_carry_the_columns_read(spark: SparkSession) -> None:
+    events = spark.createDataFrame(
+        [
+            ("INSERT", {"id": "1", "n": "-1"}, False),  # does not meet positive
+            ("INSERT", {"id": "2"}, False),  # full image without n: n is NULL, which does not meet it either
+            ("UPDATE", {"id": "3", "v": "x"}, True),  # partial, without n: the row keeps its stored n
+            ("UPDATE", {"id": "4", "n": "0"}, True),  # partial with n
+            ("DELETE", None, False),  # a delete writes no row
+            ("UPSERT", {"id": "6", "n": "9"}, False),
+        ],
+        f"{model.OP} string, {model.AFTER} map<string,string>, {model.AFTER_IS_PARTIAL} boolean",
+    )
+    reason, unchecked = violation_reason({"positive": "n > 0", "elsewhere": "other.n > 0"}, COLUMNS, "shop/orders")
+    assert reason is not None
+    assert unchecked == ["elsewhere"]
+    rows = events.select(F.col(model.AFTER)["id"].alias("id"), reason.alias("reason")).collect()
+    message = (
+        "the row does not meet CHECK constraint positive (n > 0) of lake table shop/orders: correct it at the source, "
+        "or change the constraint (ALTER TABLE ... DROP CONSTRAINT positive), then replay this dead letter"
+    )
+    assert [(r["id"], r["reason"]) for r in rows] == [
+        ("1", message),
+        ("2", message),
+        ("3", None),
+        ("4", message),
+        (None, None),
+        ("6", None),
+    ]
+
+
+def _message(op: str, sequence: int, row: dict[str, Any] | None = None, ddl: str | None = None) -> str:
+    """A DataWorks message of MySQL table ``shop.orders`` (key ``id``)."""
+    types = {int: "LONG", str: "STRING", type(None): "LONG"}
+    columns = row or {"id": None}
+    message: dict[str, Any] = {
+        "schema": {
+            "dataColumn": [{"name": name, "type": types[type(value)]} for name, value in columns.items()],
+            "primaryKey": ["id"],
+            "source": {"dbType": "MySQL", "dbName": "shop", "tableName": "orders"},
+        },
+        "payload": {
+            "before": {"dataColumn": row} if op == "DELETE" else None,
+            "after": None if op == "DELETE" or row is None else {"dataColumn": row},
+            "sequenceId": str(sequence),
+            "timestamp": {"eventTime": 1_709_288_131_000 + sequence},
+            "op": op,
+            "ddl": None if ddl is None else {"text": ddl},
+        },
+        "version": "1.0.0",
+    }
+    return json.dumps(message)
+
+
+@pytest.mark.spark
+def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_owner_changes_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    lake = str(tmp_path / "lake")
+    table = f"{lake}/shop/orders"
+
+    def land(name: str, *messages: str) -> None:
+        capture = tmp_path / f"{name}.jsonl"
+        capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
+        replay(spark, lake=lake, format_name="dataworks-json", paths=[str(capture)])
+
+    def rows() -> list[tuple[Any, ...]]:
+        frame = spark.read.format("delta").load(table)
+        names = [c for c in frame.columns if not c.startswith("_cdc_")]
+        return sorted(tuple(r) for r in frame.select(*names).collect())
+
+    land(
+        "1-before",
+        _message("INSERT", 1, {"id": 1, "v": "a", "n": 5}),
+        _message("INSERT", 2, {"id": 2, "v": "b", "n": 7}),
+    )
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT positive CHECK (n > 0)")
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT short CHECK (length(v) <= 3)")
+    land(
+        "2-with-constraints",
+        _message("INSERT", 3, {"id": 3, "v": "c", "n": -1}),
+        _message("INSERT", 4, {"id": 4, "v": "d", "n": None}),
+        _message("UPDATE_AFTER", 5, {"id": 1, "v": "long", "n": 6}),
+        _message("INSERT", 6, {"id": 5, "v": "ok", "n": 2}),
+        _message("DELETE", 7, {"id": 2, "v": "b", "n": 7}),
+    )
+    # The column the constraint reads is dropped at the source: not applied while the constraint reads it.
+    land(
+        "3-drop-column",
+        _message("ALTER", 8, ddl="ALTER TABLE orders DROP COLUMN n"),
+        _message("INSERT", 9, {"id": 6, "v": "x", "n": 3}),
+    )
+    assert rows() == [(1, "a", 5), (5, "ok", 2), (6, "x", 3)]
+
+    def not_met(name: str, condition: str) -> str:
+        return (
+            f"the row does not meet CHECK constraint {name} ({condition}) of lake table shop/orders: correct it at "
+            f"the source, or change the constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay this dead "
+            "letter"
+        )
+
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").orderBy("topic", "offset").collect()
+    assert [(Path(r["topic"]).name, r["offset"], r["reason"]) for r in dead] == [
+        ("2-with-constraints.jsonl", 0, not_met("positive", "n > 0")),
+        ("2-with-constraints.jsonl", 1, not_met("positive", "n > 0")),
+        # Delta keeps the condition as its parser's tokens.
+        ("2-with-constraints.jsonl", 2, not_met("short", "length ( v ) <= 3")),
+        (
+            "3-drop-column.jsonl",
+            0,
+            "DDL not applied: column n is read by CHECK constraint positive (n > 0) of the lake table; drop the "
+            "constraint (ALTER TABLE ... DROP CONSTRAINT positive), then replay this dead letter",
+        ),
+    ]
+    changes = spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").collect()
+    assert [r["outcome"] for r in changes] == [
+        "dead letter: column n is read by CHECK constraint positive (n > 0) of the lake table; drop the constraint "
+        "(ALTER TABLE ... DROP CONSTRAINT positive), then replay this dead letter"
+    ]
+
+    # The owner drops `positive`: the rows it refused and the column drop replay; `short` still refuses the update.
+    spark.sql(f"ALTER TABLE delta.`{table}` DROP CONSTRAINT positive")
+    report = replay_dead_letters(spark, lake)
+    assert (report.selected, report.applied, [f.offset for f in report.failures]) == (4, 3, [2])
+    assert rows() == [(1, "a"), (3, "c"), (4, "d"), (5, "ok"), (6, "x")]
+
+    # A condition over cdclake's own columns cannot be evaluated on an image: Delta checks it at the MERGE, and the
+    # batch stops with one clear error instead of Delta's stack trace.
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT early CHECK (_cdc_position < '{'0' * 22}10')")
+    with pytest.raises(ConstraintViolationError) as raised:
+        land("4-unchecked", _message("INSERT", 10, {"id": 7, "v": "y"}))
+    assert str(raised.value).startswith(
+        f"MERGE into lake table {table} failed: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint early "
+    )
+    assert "correct the row at the source or change the constraint, then restart" in str(raised.value)
