@@ -112,8 +112,9 @@ def test_a_rewrite_to_a_type_without_statistics_unlists_the_column(spark, tmp_pa
 
 
 def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_turn(spark, tmp_path: Path) -> None:
-    """Pipeline._ensure_tables: many new tables at once, each with its columns; two plans whose source names map to
-    the same lake path (database x, and schema x without a database) both end up in that one table."""
+    """Pipeline._ensure_tables: many new tables at once, each with its columns (and no CHECK constraints); two plans
+    whose source names map to the same lake path (database x, and schema x without a database) both end up in that
+    one table."""
     from cdclake.apply import TablePlan
     from cdclake.pipeline import Pipeline, PipelineSettings
 
@@ -125,8 +126,9 @@ def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_tur
         TablePlan("x..shared", "x", None, "shared", [("id", "bigint"), ("a", "string")], ["id"]),
         TablePlan(".x.shared", None, "x", "shared", [("id", "bigint"), ("b", "int")], ["id"]),
     ]
-    columns = pipeline._ensure_tables(plans)
+    columns, constraints = pipeline._ensure_tables(plans)
 
+    assert constraints == {plan.table_id: {} for plan in plans}
     for i in range(6):
         expected = [("id", "bigint"), (f"c{i}", "string")]
         assert columns[f"db.t{i}"] == expected
