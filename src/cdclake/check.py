@@ -3,7 +3,8 @@
 Before a pipeline is started (or after its configuration changed), ``check`` answers what a first run would
 otherwise answer the hard way: can the brokers be read with these settings, does the configured format decode
 these topics, which source tables are in them, which of them land and in which lake table, what identifies their
-rows, and which columns would be added to existing lake tables.
+rows, which columns would be added to existing lake tables, and which rows would not meet a lake table's CHECK
+constraints.
 
 It reads up to N messages from where the pipeline would go on (the offsets of the newest batch its checkpoint has
 committed, in the partitions it knows; for a new checkpoint, the earliest offsets of the configured topics) with
@@ -22,6 +23,7 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.config import PipelineConfig
+from cdclake.constraints import violation_reason
 from cdclake.pipeline import Pipeline
 from cdclake.runner import committed_offsets, settings_from_config
 from cdclake.sources import kafka
@@ -41,6 +43,8 @@ class TableFinding:
         key_columns: what identifies its rows; empty: the full row image (no key in messages or ``keys``).
         key_source: ``messages``, ``keys`` (the configuration) or ``none``.
         new_columns: columns the messages carry that the existing lake table lacks (they would be added).
+        unmet_constraints: CHECK constraints of the existing lake table (``name (condition)``) -> sampled events
+            whose row would not meet it (they would be dead letters; :mod:`cdclake.constraints`).
     """
 
     name: str
@@ -51,6 +55,7 @@ class TableFinding:
     key_columns: list[str]
     key_source: str
     new_columns: list[str]
+    unmet_constraints: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,15 @@ class CheckReport:
     tables: list[TableFinding] = field(default_factory=list)
 
     @property
+    def unmet(self) -> int:
+        """Sampled events whose row would not meet a CHECK constraint of its lake table."""
+        return sum(sum(table.unmet_constraints.values()) for table in self.tables)
+
+    @property
     def ok(self) -> bool:
-        """Every sampled message decodes (an empty sample is no failure)."""
-        return self.failed == 0
+        """No sampled message would be a dead letter: each decodes, and each row meets its lake table's CHECK
+        constraints (an empty sample is no failure)."""
+        return self.failed == 0 and self.unmet == 0
 
 
 def check_pipeline(
@@ -160,9 +171,40 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 key_columns=keys,
                 key_source=key_source,
                 new_columns=new_columns,
+                unmet_constraints=(
+                    {} if stored is None or lake_table is None else _unmet(pipeline, events, ident, stored, lake_table)
+                ),
             )
         )
     return findings
+
+
+def _unmet(
+    pipeline: Pipeline,
+    events: DataFrame,
+    ident: tuple[str | None, str | None, str],
+    columns: Sequence[tuple[str, str]],
+    lake_table: str,
+) -> dict[str, int]:
+    """Per CHECK constraint of the table's existing lake table: how many of its events would not meet it."""
+    constraints = pipeline.sink.check_constraints(*ident)
+    counted = []
+    for name, condition in sorted(constraints.items()):
+        reason, _ = violation_reason({name: condition}, columns, lake_table)
+        if reason is not None:
+            counted.append((f"{name} ({condition})", F.count(reason)))
+    if not counted:
+        return {}
+    this_table = F.lit(True)
+    for column, part in zip((model.DATABASE, model.SCHEMA, model.TABLE), ident, strict=True):
+        this_table = this_table & (F.col(column).isNull() if part is None else (F.col(column) == part))
+    row = (
+        events.where(F.col(model.ERROR).isNull() & this_table)
+        .agg(*(count.alias(f"c{i}") for i, (_, count) in enumerate(counted)))
+        .first()
+    )
+    assert row is not None
+    return {label: row[f"c{i}"] for i, (label, _) in enumerate(counted) if row[f"c{i}"]}
 
 
 def _keys(configured: Sequence[str] | None, from_messages: Sequence[str] | None) -> tuple[list[str], str]:

@@ -91,3 +91,18 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
     assert checked.exit_code == 0, checked.output
     assert "1 messages read from where the checkpoint goes on" in checked.output
     assert "every message read decodes" in checked.output
+
+    # The lake's owner adds a CHECK constraint; the next message's row does not meet it: it would be a dead letter.
+    spark.sql(f"ALTER TABLE delta.`{lake}/inv/stock` ADD CONSTRAINT positive CHECK (qty > 0)")
+    broker.produce(
+        kafka, topic, [(None, stock("INSERT", 6, None, {"code": "c", "qty": -1}, "LONG").encode())], partition=0
+    )
+    report = check_pipeline(spark, configured)
+    assert (report.messages, report.failed, report.unmet, report.ok) == (2, 0, 1, False)
+    assert [(t.name, t.unmet_constraints) for t in report.tables] == [("inv.stock", {"positive (qty > 0)": 1})]
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 1, checked.output
+    assert (
+        "1 events of inv.stock would not meet CHECK constraint positive (qty > 0) of lake table inv/stock (they would "
+        "be dead letters)"
+    ) in checked.output

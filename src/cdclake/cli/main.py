@@ -402,7 +402,8 @@ def check(
     messages: Annotated[int, typer.Option(min=1, help="How many messages to read at most.")] = 1000,
 ) -> None:
     """Try a configuration on the messages the pipeline would read next: Kafka access, decoding, the tables found,
-    where they land and what identifies their rows. Writes nothing; exits 1 if a message does not decode."""
+    where they land and what identifies their rows. Writes nothing; exits 1 if a message would be a dead letter (it
+    does not decode, or its row does not meet a CHECK constraint of its lake table)."""
     from cdclake.check import check_pipeline
     from cdclake.config import load_config
 
@@ -433,13 +434,20 @@ def check(
                 f"no key columns for {', '.join(keyless)}: their rows are identified by the whole row; if a table "
                 "has a primary key, name it under `keys:`"
             )
+    for found in report.tables:
+        for constraint, count in found.unmet_constraints.items():
+            out.print(
+                f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "
+                f"{found.lake_table} (they would be dead letters)"
+            )
     if report.failures:
         failed = Table("topic", "partition", "offset", "does not decode because")
         for failure in report.failures:
             failed.add_row(failure.topic, str(failure.partition), str(failure.offset), failure.reason)
         out.print(failed)
-    if not report.ok:
+    if report.failed:
         out.print(f"{report.failed} of {report.messages} messages do not decode (they would be dead letters)")
+    if not report.ok:
         raise typer.Exit(1)
     out.print("every message read decodes" if report.messages else "nothing to decode")
 
