@@ -360,3 +360,73 @@ def test_a_tables_size_is_read_on_its_first_merge_and_again_once_every_check(
     assert (
         real(DeltaTable.forPath(spark, path).toDF()) == DeltaTable.forPath(spark, path).detail().first()["sizeInBytes"]
     )
+
+
+def test_a_merge_that_meets_a_concurrent_commit_runs_again(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits to a lake table while a batch's MERGE into it runs (here an OPTIMIZE, as a scheduled
+    compaction would): Delta refuses the MERGE's commit, and the MERGE runs again on the table as the other writer
+    left it, instead of failing the batch and stopping the stream."""
+    import threading
+    import time
+    from dataclasses import replace as replaced
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    lake = tmp_path / "lake"
+    first = tmp_path / "first.jsonl"
+    first.write_text(
+        "".join(
+            row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(start, start + 5)], TYPES) + "\n"
+            for start in range(0, 20, 5)
+        ),
+        encoding="utf-8",
+    )
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(first)], batch_lines=2)  # two files
+    table = str(lake / "crm" / "t")
+    started, released = tmp_path / "merge-started", tmp_path / "optimized"
+
+    def wait_for_the_other_writer(_: object) -> bool:
+        # Runs in a Python worker while the MERGE reads its source: after the MERGE took its snapshot, before it
+        # commits.
+        started.touch()
+        deadline = time.monotonic() + 120
+        while not released.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
+
+    # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit.
+    blocking = F.udf(wait_for_the_other_writer, BooleanType())  # noqa: TID251
+    original = DeltaSink.merge_rows
+    calls: list[str] = []
+
+    def merge_rows(self, path, statement, matched_on=None):  # type: ignore[no-untyped-def]
+        calls.append(path)
+        if len(calls) == 1:  # the first attempt only
+            statement = replaced(statement, source=statement.source.where(blocking(F.lit(1))))
+        original(self, path, statement, matched_on)
+
+    def optimize_meanwhile() -> None:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spark.sql(f"OPTIMIZE delta.`{table}`")
+        released.touch()
+
+    monkeypatch.setattr(DeltaSink, "merge_rows", merge_rows)
+    other_writer = threading.Thread(target=optimize_meanwhile)
+    other_writer.start()
+    second = tmp_path / "second.jsonl"
+    second.write_text(
+        row_message("UPDATE", "t", [{"id": "3", "v": "new"}], TYPES, old=[{"id": "3", "v": "v3"}]) + "\n", "utf-8"
+    )
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(second)])
+    other_writer.join()
+
+    assert calls == [table, table]  # the MERGE ran twice: the first attempt met the OPTIMIZE's commit
+    operations = [row["operation"] for row in DeltaTable.forPath(spark, table).history().orderBy("version").collect()]
+    assert operations[-2:] == ["OPTIMIZE", "MERGE"]
+    expected = {i: f"v{i}" for i in range(20)} | {3: "new"}
+    assert {row["id"]: row["v"] for row in read_table(table)} == expected

@@ -17,16 +17,19 @@ on top of that, row changes are gated by order, so re-applying a change is a no-
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import statistics
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
+from delta import exceptions as delta_exceptions
 from delta.tables import DeltaTable, DeltaTableBuilder
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
@@ -40,6 +43,8 @@ from cdclake.apply import TablePlan
 from cdclake.exceptions import ConstraintViolationError
 from cdclake.spark import jvm_causes, local_frame, session_settings
 from cdclake.tables import TableRoutes
+
+log = logging.getLogger(__name__)
 
 POSITION_COLUMN: Final = "_cdc_position"
 """Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
@@ -168,6 +173,33 @@ def concurrently(work: Callable[[Item], Result], items: Sequence[Item], threads:
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         futures = [pool.submit(work, item) for item in items]
     return [future.result() for future in futures]
+
+
+_CONFLICTS: Final = (
+    delta_exceptions.ConcurrentAppendException,
+    delta_exceptions.ConcurrentDeleteDeleteException,
+    delta_exceptions.ConcurrentDeleteReadException,
+    delta_exceptions.ConcurrentTransactionException,
+    delta_exceptions.ConcurrentWriteException,
+    delta_exceptions.DeltaConcurrentModificationException,
+    delta_exceptions.MetadataChangedException,
+    delta_exceptions.ProtocolChangedException,
+)
+
+
+def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
+    """The name of Delta's conflict with a concurrent commit that ``error`` is (the transaction committed nothing
+    and may run again), or None. Delta's Python package raises its own classes for them; a JVM error that reaches
+    Python unconverted is one when it extends ``java.util.ConcurrentModificationException``, as they all do."""
+    if isinstance(error, _CONFLICTS):
+        return type(error).__name__
+    for cause in causes:
+        cls = cause.getClass()
+        while cls is not None:
+            if str(cls.getName()) == "java.util.ConcurrentModificationException":
+                return str(cause.getClass().getSimpleName())
+            cls = cls.getSuperclass()
+    return None
 
 
 _ORDERED_LITERAL_TYPES: Final = frozenset({"tinyint", "smallint", "int", "bigint", "string", "date", "timestamp"})
@@ -370,6 +402,10 @@ class DeltaSink:
     looks at a few of them, not at all of them at once. In every mode, the same MERGE also makes
     :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
+    CONFLICT_ATTEMPTS: int = 5
+    """How often a lake table's MERGE is tried when another writer's commit conflicts with it (Delta's
+    ``ConcurrentModificationException``s: an OPTIMIZE, a DELETE by hand, a ``dlq replay`` beside ``run``), waiting
+    1, 2, 4 and 8 s in between; then the batch fails, to be run again."""
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
 
     def __init__(
@@ -396,6 +432,8 @@ class DeltaSink:
         self._table_sizes: dict[str, int] = {}
         self._switch_to_deletion_vectors: set[str] = set()
         self._with_deletion_vectors: set[str] = set()
+        self.conflicts_retried = 0
+        """MERGEs run again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
 
     # ---------------------------------------------------------------------------------------------------------
     # Paths
@@ -709,22 +747,39 @@ class DeltaSink:
             ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
             for within in _key_ranges(statement.source, ranged):
                 condition = condition & within
-        try:
-            self.merge_rows(path, statement, condition)
-        except (Py4JJavaError, CapturedException) as exc:
-            violated = next(
-                (c for c in jvm_causes(exc) if c.getClass().getSimpleName() == "DeltaInvariantViolationException"),
-                None,
-            )
-            if violated is None:
-                raise
-            # Delta's own message names the constraint and the row's values.
-            delta_message = " ".join(str(violated.getMessage()).split())
-            raise ConstraintViolationError(
-                f"MERGE into lake table {path} failed: {delta_message} (cdclake checks CHECK constraints before the "
-                "MERGE, but not on partial images that lack a column the condition reads, nor conditions it cannot "
-                "evaluate: correct the row at the source or change the constraint, then restart)"
-            ) from exc
+        for attempt in range(1, self.CONFLICT_ATTEMPTS + 1):
+            try:
+                self.merge_rows(path, statement, condition)
+                break
+            except (Py4JJavaError, CapturedException) as exc:
+                causes = jvm_causes(exc)
+                violated = next(
+                    (c for c in causes if c.getClass().getSimpleName() == "DeltaInvariantViolationException"), None
+                )
+                if violated is not None:
+                    # Delta's own message names the constraint and the row's values.
+                    delta_message = " ".join(str(violated.getMessage()).split())
+                    raise ConstraintViolationError(
+                        f"MERGE into lake table {path} failed: {delta_message} (cdclake checks CHECK constraints "
+                        "before the MERGE, but not on partial images that lack a column the condition reads, nor "
+                        "conditions it cannot evaluate: correct the row at the source or change the constraint, then "
+                        "restart)"
+                    ) from exc
+                conflict = _conflict_name(exc, causes)
+                if conflict is None or attempt == self.CONFLICT_ATTEMPTS:
+                    raise
+                # Nothing was committed: the MERGE runs again on the table as the other writer left it (its
+                # position guard keeps that writer's newer rows). OPTIMIZE, a DELETE by hand or `cdclake dlq replay`
+                # beside `run` remove or add files this MERGE read.
+                log.warning(
+                    "MERGE into %s met a concurrent commit (%s); attempt %d of %d",
+                    path,
+                    conflict,
+                    attempt + 1,
+                    self.CONFLICT_ATTEMPTS,
+                )
+                self.conflicts_retried += 1
+                time.sleep(min(0.5 * 2**attempt, 8.0))
         self.merged(path)
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
