@@ -174,6 +174,6 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
     with pytest.raises(ConstraintViolationError) as raised:
         land("4-unchecked", _message("INSERT", 10, {"id": 7, "v": "y"}))
     assert str(raised.value).startswith(
-        f"MERGE into lake table {table} failed: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint early "
+        f"MERGE into {table} failed: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint early "
     )
     assert "correct the row at the source or change the constraint, then restart" in str(raised.value)

@@ -399,10 +399,10 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
 
     # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit.
     blocking = F.udf(wait_for_the_other_writer, BooleanType())  # noqa: TID251
-    original = DeltaSink.merge_rows
+    original = DeltaSink._execute_merge
     calls: list[str] = []
 
-    def merge_rows(self, path, statement, matched_on=None):  # type: ignore[no-untyped-def]
+    def execute_merge(self, path, statement, matched_on):  # type: ignore[no-untyped-def]
         calls.append(path)
         if len(calls) == 1:  # the first attempt only
             statement = replaced(statement, source=statement.source.where(blocking(F.lit(1))))
@@ -415,7 +415,7 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
         spark.sql(f"OPTIMIZE delta.`{table}`")
         released.touch()
 
-    monkeypatch.setattr(DeltaSink, "merge_rows", merge_rows)
+    monkeypatch.setattr(DeltaSink, "_execute_merge", execute_merge)
     other_writer = threading.Thread(target=optimize_meanwhile)
     other_writer.start()
     second = tmp_path / "second.jsonl"

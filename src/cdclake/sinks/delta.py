@@ -747,10 +747,16 @@ class DeltaSink:
             ranged = [(k, i, table_columns[i][1]) for k, i in pruned if _has_ordered_literals(table_columns[i][1])]
             for within in _key_ranges(statement.source, ranged):
                 condition = condition & within
+        self.merge_rows(path, statement, condition)
+        self.merged(path)
+
+    def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
+        """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given),
+        again when another writer's commit conflicts with it (:attr:`CONFLICT_ATTEMPTS`)."""
         for attempt in range(1, self.CONFLICT_ATTEMPTS + 1):
             try:
-                self.merge_rows(path, statement, condition)
-                break
+                self._execute_merge(path, statement, matched_on)
+                return
             except (Py4JJavaError, CapturedException) as exc:
                 causes = jvm_causes(exc)
                 violated = next(
@@ -760,7 +766,7 @@ class DeltaSink:
                     # Delta's own message names the constraint and the row's values.
                     delta_message = " ".join(str(violated.getMessage()).split())
                     raise ConstraintViolationError(
-                        f"MERGE into lake table {path} failed: {delta_message} (cdclake checks CHECK constraints "
+                        f"MERGE into {path} failed: {delta_message} (cdclake checks a lake table's CHECK constraints "
                         "before the MERGE, but not on partial images that lack a column the condition reads, nor "
                         "conditions it cannot evaluate: correct the row at the source or change the constraint, then "
                         "restart)"
@@ -780,10 +786,8 @@ class DeltaSink:
                 )
                 self.conflicts_retried += 1
                 time.sleep(min(0.5 * 2**attempt, 8.0))
-        self.merged(path)
 
-    def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
-        """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given)."""
+    def _execute_merge(self, path: str, statement: MergeStatement, matched_on: Column | None) -> None:
         builder = (
             DeltaTable.forPath(self.spark, path)
             .alias("t")
