@@ -403,7 +403,7 @@ class DeltaSink:
     :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
     CONFLICT_ATTEMPTS: int = 5
-    """How often a lake table's MERGE is tried when another writer's commit conflicts with it (Delta's
+    """How often a MERGE, truncate or rewrite is tried when another writer's commit conflicts with it (Delta's
     ``ConcurrentModificationException``s: an OPTIMIZE, a DELETE by hand, a ``dlq replay`` beside ``run``), waiting
     1, 2, 4 and 8 s in between; then the batch fails, to be run again."""
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
@@ -574,14 +574,19 @@ class DeltaSink:
         columns: the one way to drop, rename or retype a column that every Delta reader understands (no column
         mapping or type-widening table features). Costs a full rewrite; schema changes are rare."""
         path = self.table_path(database, schema, table)
-        current = self.spark.read.format("delta").load(path)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
-        rows = current.select(*selected)
-        self._unlist_statistics_of_changed(database, schema, table, rows.schema)
-        writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-        if txn is not None:
-            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
-        writer.save(path)
+
+        def save() -> None:
+            # Read anew on every attempt: after a conflict, the rows are the other writer's.
+            rows = self.spark.read.format("delta").load(path).select(*selected)
+            writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            if txn is not None:
+                writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
+            writer.save(path)
+
+        new_schema = self.spark.read.format("delta").load(path).select(*selected).schema
+        self._unlist_statistics_of_changed(database, schema, table, new_schema)
+        self._committing(path, "rewrite", save)
         self._columns.pop(path, None)
         if key_columns is not None:
             rewritten = self.columns(database, schema, table) or []
@@ -654,7 +659,7 @@ class DeltaSink:
         writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
-        writer.save(target_path)
+        self._committing(target_path, "copy", lambda: writer.save(target_path))
         self._columns.pop(target_path, None)
 
     def clear(self, plan: TablePlan, txn: Txn | None) -> None:
@@ -704,7 +709,13 @@ class DeltaSink:
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
         with self.idempotent(marker):
-            DeltaTable.forPath(self.spark, path).delete(F.col(POSITION_COLUMN) < F.lit(plan.truncate_order))
+            self._committing(
+                path,
+                "DELETE",
+                lambda: DeltaTable.forPath(self.spark, path).delete(
+                    F.col(POSITION_COLUMN) < F.lit(plan.truncate_order)
+                ),
+            )
 
     @contextmanager
     def merging(self, tables: int, concurrency: int) -> Iterator[None]:
@@ -753,32 +764,39 @@ class DeltaSink:
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
         """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given),
         again when another writer's commit conflicts with it (:attr:`CONFLICT_ATTEMPTS`)."""
+        try:
+            self._committing(path, "MERGE", lambda: self._execute_merge(path, statement, matched_on))
+        except (Py4JJavaError, CapturedException) as exc:
+            violated = next(
+                (c for c in jvm_causes(exc) if c.getClass().getSimpleName() == "DeltaInvariantViolationException"),
+                None,
+            )
+            if violated is None:
+                raise
+            # Delta's own message names the constraint and the row's values.
+            delta_message = " ".join(str(violated.getMessage()).split())
+            raise ConstraintViolationError(
+                f"MERGE into {path} failed: {delta_message} (cdclake checks a lake table's CHECK constraints before "
+                "the MERGE, but not on partial images that lack a column the condition reads, nor conditions it "
+                "cannot evaluate: correct the row at the source or change the constraint, then restart)"
+            ) from exc
+
+    def _committing(self, path: str, operation: str, commit: Callable[[], None]) -> None:
+        """Runs ``commit``, one Delta commit to the table at ``path``; again when Delta refuses it because another
+        writer committed to the table meanwhile (an OPTIMIZE, a DELETE by hand, ``cdclake dlq replay`` beside
+        ``run``), up to :attr:`CONFLICT_ATTEMPTS` times. A refused commit changed nothing: the operation runs again
+        on the table as the other writer left it (a MERGE's position guard keeps that writer's newer rows)."""
         for attempt in range(1, self.CONFLICT_ATTEMPTS + 1):
             try:
-                self._execute_merge(path, statement, matched_on)
+                commit()
                 return
             except (Py4JJavaError, CapturedException) as exc:
-                causes = jvm_causes(exc)
-                violated = next(
-                    (c for c in causes if c.getClass().getSimpleName() == "DeltaInvariantViolationException"), None
-                )
-                if violated is not None:
-                    # Delta's own message names the constraint and the row's values.
-                    delta_message = " ".join(str(violated.getMessage()).split())
-                    raise ConstraintViolationError(
-                        f"MERGE into {path} failed: {delta_message} (cdclake checks a lake table's CHECK constraints "
-                        "before the MERGE, but not on partial images that lack a column the condition reads, nor "
-                        "conditions it cannot evaluate: correct the row at the source or change the constraint, then "
-                        "restart)"
-                    ) from exc
-                conflict = _conflict_name(exc, causes)
+                conflict = _conflict_name(exc, jvm_causes(exc))
                 if conflict is None or attempt == self.CONFLICT_ATTEMPTS:
                     raise
-                # Nothing was committed: the MERGE runs again on the table as the other writer left it (its
-                # position guard keeps that writer's newer rows). OPTIMIZE, a DELETE by hand or `cdclake dlq replay`
-                # beside `run` remove or add files this MERGE read.
                 log.warning(
-                    "MERGE into %s met a concurrent commit (%s); attempt %d of %d",
+                    "%s of %s met a concurrent commit (%s); attempt %d of %d",
+                    operation,
                     path,
                     conflict,
                     attempt + 1,
