@@ -190,7 +190,7 @@ def _unmet(
     constraints = pipeline.sink.check_constraints(*ident)
     counted = []
     for name, condition in sorted(constraints.items()):
-        reason, _ = violation_reason({name: condition}, columns, lake_table)
+        reason, _ = violation_reason({name: condition}, columns, lake_table, events)
         if reason is not None:
             counted.append((f"{name} ({condition})", F.count(reason)))
     if not counted:

@@ -18,7 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 import sqlglot
-from pyspark.sql import Column
+from pyspark.errors import AnalysisException, ParseException
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
@@ -77,11 +78,12 @@ def condition_on_image(condition: str, table_columns: Sequence[tuple[str, str]])
 
 
 def violation_reason(
-    constraints: Mapping[str, str], table_columns: Sequence[tuple[str, str]], table: str
+    constraints: Mapping[str, str], table_columns: Sequence[tuple[str, str]], table: str, events: DataFrame
 ) -> tuple[Column | None, list[str]]:
-    """Per event of one table: why its row would not meet one of the table's CHECK ``constraints`` (name ->
-    condition), null when it meets them all or carries no row to check; and the names of the constraints that
-    cannot be checked here (:func:`condition_on_image`).
+    """Per event of ``events`` of one table: why its row would not meet one of the table's CHECK ``constraints``
+    (name -> condition), null when it meets them all or carries no row to check; and the names of the constraints
+    that cannot be checked here (:func:`condition_on_image`, or a rewritten condition Spark does not accept over
+    ``events``).
 
     Only events with an after image are checked (inserts, updates, snapshot rows): a delete writes no row. A partial
     image that lacks a column the condition reads is not checked: the row keeps that column's stored value, which
@@ -94,17 +96,29 @@ def violation_reason(
     unchecked: list[str] = []
     for name, condition in sorted(constraints.items()):
         on_image = condition_on_image(condition, table_columns)
-        if on_image is None:
+        met = None if on_image is None else _accepted(on_image, events)
+        if met is None:
             unchecked.append(name)
             continue
         has_all: Column = F.lit(True)
         for column in columns_used(condition, table_columns):
             has_all = has_all & F.map_contains_key(after, F.lit(column))
         checked = with_row & (~F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)) | has_all)
-        not_met = checked & ~F.coalesce(F.expr(on_image), F.lit(False))
+        not_met = checked & ~F.coalesce(met, F.lit(False))
         message = F.lit(
             f"the row does not meet CHECK constraint {name} ({condition}) of lake table {table}: correct it at the "
             f"source, or change the constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay this dead letter"
         )
         reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
     return reason, unchecked
+
+
+def _accepted(condition: str, events: DataFrame) -> Column | None:
+    """``condition`` as a boolean column over ``events``, or None when Spark does not accept it there (sqlglot wrote
+    something Spark parses otherwise): analysed once on the driver, so that it cannot fail the batch."""
+    try:
+        met = F.expr(condition)
+        events.select(met.alias("met")).schema  # noqa: B018 - analyses the expression, runs nothing
+    except (AnalysisException, ParseException):
+        return None
+    return met

@@ -425,7 +425,7 @@ class SchemaEvolution:
                 f"too; this table's values arrive as column {new_name}"
             )
         keys = sink.key_columns(*ident)
-        if kind == "drop_column" or new_name != name:
+        if kind == "drop_column" or new_name.lower() != name.lower():  # conditions name columns in any case
             self._refuse_if_constrained(ident, [name], columns)
         if kind == "drop_column":
             if name.lower() in (k.lower() for k in keys):

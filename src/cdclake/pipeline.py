@@ -638,7 +638,7 @@ class Pipeline:
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
 
-        misfit = self._misfit_reason(plans, table_columns, constraints)
+        misfit = self._misfit_reason(plans, table_columns, constraints, good)
         if misfit is not None:
             with result.timed("misfit"):
                 bad = good.where(misfit.isNotNull())
@@ -875,6 +875,7 @@ class Pipeline:
         plans: Sequence[apply.TablePlan],
         table_columns: Mapping[str, list[tuple[str, str]]],
         constraints: Mapping[str, dict[str, str]],
+        events: DataFrame,
     ) -> Column | None:
         """Per event: why it does not fit the lake table (null when it fits): a value that does not fit the table's
         column type, or a row that does not meet one of the table's CHECK ``constraints`` (by table id;
@@ -916,7 +917,7 @@ class Pipeline:
                 name = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
                 lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
                 not_met, unchecked = violation_reason(
-                    constraints[plan.table_id], table_columns[plan.table_id], lake_table
+                    constraints[plan.table_id], table_columns[plan.table_id], lake_table, events
                 )
                 if unchecked:
                     log.warning(
