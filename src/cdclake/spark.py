@@ -172,7 +172,9 @@ def _ensure_delta(session: SparkSession) -> None:
 def jvm_causes(error: BaseException) -> list[Any]:
     """The JVM exception behind a failed Spark call, then its causes, innermost last; empty for a Python error."""
     # py4j's own error keeps it as java_exception, PySpark's converted ones as _origin.
-    current = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+    current = getattr(error, "java_exception", None)
+    if current is None:
+        current = getattr(error, "_origin", None)
     causes: list[Any] = []
     while current is not None and len(causes) < 50 and not any(current.equals(seen) for seen in causes[-1:]):
         causes.append(current)

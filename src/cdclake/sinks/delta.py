@@ -402,11 +402,11 @@ class DeltaSink:
     looks at a few of them, not at all of them at once. In every mode, the same MERGE also makes
     :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
+    """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
     CONFLICT_ATTEMPTS: int = 5
     """How often a MERGE, truncate or rewrite is tried when another writer's commit conflicts with it (Delta's
     ``ConcurrentModificationException``s: an OPTIMIZE, a DELETE by hand, a ``dlq replay`` beside ``run``), waiting
     1, 2, 4 and 8 s in between; then the batch fails, to be run again."""
-    """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
 
     def __init__(
         self,
@@ -433,7 +433,7 @@ class DeltaSink:
         self._switch_to_deletion_vectors: set[str] = set()
         self._with_deletion_vectors: set[str] = set()
         self.conflicts_retried = 0
-        """MERGEs run again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
+        """Commits tried again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
 
     # ---------------------------------------------------------------------------------------------------------
     # Paths
