@@ -388,7 +388,7 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
     table = str(lake / "crm" / "t")
     started, released = tmp_path / "merge-started", tmp_path / "optimized"
 
-    def wait_for_the_other_writer(_: object) -> bool:
+    def wait_for_the_other_writer() -> bool:
         # Runs in a Python worker while the MERGE reads its source: after the MERGE took its snapshot, before it
         # commits.
         started.touch()
@@ -398,7 +398,8 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
         return True
 
     # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit.
-    blocking = F.udf(wait_for_the_other_writer, BooleanType())  # noqa: TID251
+    # (a lambda: PySpark reads a function's type hints as a pandas UDF's, and warns)
+    blocking = F.udf(lambda _: wait_for_the_other_writer(), BooleanType())  # noqa: TID251
     original = DeltaSink._execute_merge
     calls: list[str] = []
 
