@@ -362,18 +362,23 @@ def test_a_tables_size_is_read_on_its_first_merge_and_again_once_every_check(
     )
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_merge_that_meets_a_concurrent_commit_runs_again(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table_format: str
 ) -> None:
-    """Another writer commits to a lake table while a batch's MERGE into it runs (here an OPTIMIZE, as a scheduled
-    compaction would): Delta refuses the MERGE's commit, and the MERGE runs again on the table as the other writer
-    left it, instead of failing the batch and stopping the stream."""
+    """Another writer commits to a lake table while a batch's MERGE into it runs (here a compaction, as a scheduled
+    one would: Delta's OPTIMIZE, Iceberg's rewrite_data_files): the table format refuses the MERGE's commit, and
+    the MERGE runs again on the table as the other writer left it, instead of failing the batch and stopping the
+    stream."""
     import threading
     import time
     from dataclasses import replace as replaced
 
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType
+
+    from cdclake.sinks import lake_sink
+    from cdclake.sinks.iceberg import IcebergSink
 
     lake = tmp_path / "lake"
     first = tmp_path / "first.jsonl"
@@ -384,9 +389,12 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
         ),
         encoding="utf-8",
     )
-    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(first)], batch_lines=2)  # two files
-    table = str(lake / "crm" / "t")
-    started, released = tmp_path / "merge-started", tmp_path / "optimized"
+    replay(
+        spark, lake=str(lake), format_name="canal-json", paths=[str(first)], batch_lines=2, table_format=table_format
+    )
+    sink = lake_sink(spark, str(lake), table_format)  # type: ignore[arg-type]
+    table = sink.table_path("crm", None, "t")
+    started, released = tmp_path / "merge-started", tmp_path / "compacted"
 
     def wait_for_the_other_writer() -> bool:
         # Runs in a Python worker while the MERGE reads its source: after the MERGE took its snapshot, before it
@@ -397,37 +405,48 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
             time.sleep(0.05)
         return True
 
-    # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit.
-    # (a lambda: PySpark reads a function's type hints as a pandas UDF's, and warns)
+    # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit
+    # (a lambda: PySpark reads a function's type hints as a pandas UDF's, and warns).
     blocking = F.udf(lambda _: wait_for_the_other_writer(), BooleanType())  # noqa: TID251
-    original = DeltaSink._execute_merge
+    one_attempt = "_merge_once" if table_format == "iceberg" else "_execute_merge"
+    owner = IcebergSink if table_format == "iceberg" else DeltaSink
+    original = getattr(owner, one_attempt)
     calls: list[str] = []
 
-    def execute_merge(self, path, statement, matched_on):  # type: ignore[no-untyped-def]
+    def attempt(self, path, statement, *rest):  # type: ignore[no-untyped-def]
         calls.append(path)
         if len(calls) == 1:  # the first attempt only
             statement = replaced(statement, source=statement.source.where(blocking(F.lit(1))))
-        original(self, path, statement, matched_on)
+        original(self, path, statement, *rest)
 
-    def optimize_meanwhile() -> None:
+    def compact_meanwhile() -> None:
         deadline = time.monotonic() + 120
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        spark.sql(f"OPTIMIZE delta.`{table}`")
+        if table_format == "iceberg":
+            sink.compact(table)
+        else:
+            spark.sql(f"OPTIMIZE delta.`{table}`")
         released.touch()
 
-    monkeypatch.setattr(DeltaSink, "_execute_merge", execute_merge)
-    other_writer = threading.Thread(target=optimize_meanwhile)
+    monkeypatch.setattr(owner, one_attempt, attempt)
+    other_writer = threading.Thread(target=compact_meanwhile)
     other_writer.start()
     second = tmp_path / "second.jsonl"
     second.write_text(
         row_message("UPDATE", "t", [{"id": "3", "v": "new"}], TYPES, old=[{"id": "3", "v": "v3"}]) + "\n", "utf-8"
     )
-    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(second)])
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(second)], table_format=table_format)
     other_writer.join()
 
-    assert calls == [table, table]  # the MERGE ran twice: the first attempt met the OPTIMIZE's commit
-    operations = [row["operation"] for row in DeltaTable.forPath(spark, table).history().orderBy("version").collect()]
-    assert operations[-2:] == ["OPTIMIZE", "MERGE"]
+    assert calls == [table, table]  # the MERGE ran twice: the first attempt met the compaction's commit
+    if table_format == "iceberg":
+        snapshots = spark.table(f"{sink._identifier_of(table)}.snapshots").orderBy("committed_at").collect()
+        operations = [row["operation"] for row in snapshots]
+        assert operations[-2] == "replace"  # the compaction, then the MERGE
+        assert operations[-1] != "replace"
+    else:
+        history = DeltaTable.forPath(spark, table).history().orderBy("version").collect()
+        assert [row["operation"] for row in history][-2:] == ["OPTIMIZE", "MERGE"]
     expected = {i: f"v{i}" for i in range(20)} | {3: "new"}
-    assert {row["id"]: row["v"] for row in read_table(table)} == expected
+    assert {row["id"]: row["v"] for row in sink.read_path(table).collect()} == expected

@@ -791,7 +791,7 @@ class DeltaSink:
                 commit()
                 return
             except (Py4JJavaError, CapturedException) as exc:
-                conflict = _conflict_name(exc, jvm_causes(exc))
+                conflict = self._conflict_name(exc, jvm_causes(exc))
                 if conflict is None or attempt == self.CONFLICT_ATTEMPTS:
                     raise
                 log.warning(
@@ -804,6 +804,12 @@ class DeltaSink:
                 )
                 self.conflicts_retried += 1
                 time.sleep(min(0.5 * 2**attempt, 8.0))
+
+    @staticmethod
+    def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
+        """The name of the table format's conflict with a concurrent commit that ``error`` is, or None
+        (:func:`_conflict_name` for Delta)."""
+        return _conflict_name(error, causes)
 
     def _execute_merge(self, path: str, statement: MergeStatement, matched_on: Column | None) -> None:
         builder = (

@@ -24,11 +24,12 @@ snapshot with that batch id, or a later one, is skipped; this is Delta's idempot
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from pyspark.errors import AnalysisException
@@ -66,6 +67,11 @@ TABLE_PROPERTIES: Final = {
 
 _KEPT_PROPERTIES: Final = ("cdclake.", "write.", "read.", "commit.", "history.")
 """Table properties a rewrite carries over (a user's settings among them); Iceberg's reserved ones it does not."""
+
+_CONFLICT_MESSAGE: Final = re.compile(r"conflicting|found new delete|missing (required|data) files", re.IGNORECASE)
+"""Iceberg's ValidationException messages about a concurrent commit (``Found conflicting files ...``, ``Cannot
+commit, found new delete for replaced data file ...``, ``Missing required files to delete ...``, ``Cannot commit,
+missing data files ...``); the class also reports other problems, which a second attempt would not solve."""
 
 _STORED_TYPES: Final = {"tinyint": "int", "smallint": "int"}
 
@@ -358,6 +364,24 @@ class IcebergSink(DeltaSink):
         supported (SQL text only)."""
         if matched_on is not None:
             raise ValueError("IcebergSink.merge_rows takes the statement's own condition only")
+        # Again after a concurrent commit conflicts with it (a rewrite_data_files, a DELETE by hand): the first
+        # thing each attempt does is look whether its commit is there already.
+        self._committing(path, "MERGE", lambda: self._merge_once(path, statement))
+
+    @staticmethod
+    def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
+        """Iceberg's refusal of a commit that conflicts with a concurrent one (its validation of the files the
+        operation read, or a commit that failed after Iceberg's own retries), by the exception's class name."""
+        for cause in causes:
+            name = str(cause.getClass().getName())
+            message = str(cause.getMessage() or "")
+            if name == "org.apache.iceberg.exceptions.CommitFailedException" or (
+                name == "org.apache.iceberg.exceptions.ValidationException" and _CONFLICT_MESSAGE.search(message)
+            ):
+                return str(cause.getClass().getSimpleName())
+        return None
+
+    def _merge_once(self, path: str, statement: MergeStatement) -> None:
         marker = self._marker
         if self._done(path, marker):
             return
