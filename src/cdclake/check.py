@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdclake import model
+from cdclake import apply, model
 from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
 from cdclake.pipeline import Pipeline
@@ -195,9 +195,9 @@ def _unmet(
             counted.append((f"{name} ({condition})", F.count(reason)))
     if not counted:
         return {}
-    this_table = F.lit(True)
-    for column, part in zip((model.DATABASE, model.SCHEMA, model.TABLE), ident, strict=True):
-        this_table = this_table & (F.col(column).isNull() if part is None else (F.col(column) == part))
+    this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == apply.table_id_of(
+        *ident
+    )
     row = (
         events.where(F.col(model.ERROR).isNull() & this_table)
         .agg(*(count.alias(f"c{i}") for i, (_, count) in enumerate(counted)))

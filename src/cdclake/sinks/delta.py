@@ -187,21 +187,6 @@ _CONFLICTS: Final = (
 )
 
 
-def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
-    """The name of Delta's conflict with a concurrent commit that ``error`` is (the transaction committed nothing
-    and may run again), or None. Delta's Python package raises its own classes for them; a JVM error that reaches
-    Python unconverted is one when it extends ``java.util.ConcurrentModificationException``, as they all do."""
-    if isinstance(error, _CONFLICTS):
-        return type(error).__name__
-    for cause in causes:
-        cls = cause.getClass()
-        while cls is not None:
-            if str(cls.getName()) == "java.util.ConcurrentModificationException":
-                return str(cause.getClass().getSimpleName())
-            cls = cls.getSuperclass()
-    return None
-
-
 _ORDERED_LITERAL_TYPES: Final = frozenset({"tinyint", "smallint", "int", "bigint", "string", "date", "timestamp"})
 
 
@@ -807,9 +792,18 @@ class DeltaSink:
 
     @staticmethod
     def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
-        """The name of the table format's conflict with a concurrent commit that ``error`` is, or None
-        (:func:`_conflict_name` for Delta)."""
-        return _conflict_name(error, causes)
+        """The name of Delta's conflict with a concurrent commit that ``error`` is (the transaction committed nothing
+        and may run again), or None. Delta's Python package raises its own classes for them; a JVM error that reaches
+        Python unconverted is one when it extends ``java.util.ConcurrentModificationException``, as they all do."""
+        if isinstance(error, _CONFLICTS):
+            return type(error).__name__
+        for cause in causes:
+            cls = cause.getClass()
+            while cls is not None:
+                if str(cls.getName()) == "java.util.ConcurrentModificationException":
+                    return str(cause.getClass().getSimpleName())
+                cls = cls.getSuperclass()
+        return None
 
     def _execute_merge(self, path: str, statement: MergeStatement, matched_on: Column | None) -> None:
         builder = (
