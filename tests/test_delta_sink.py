@@ -14,7 +14,7 @@ from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from cdclake.sinks import delta
 from cdclake.sinks.delta import DeltaSink
-from tests.test_ddl import row_message
+from tests.test_ddl import ddl_message, row_message
 
 pytestmark = pytest.mark.spark
 
@@ -362,23 +362,78 @@ def test_a_tables_size_is_read_on_its_first_merge_and_again_once_every_check(
     )
 
 
-@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
-def test_a_merge_that_meets_a_concurrent_commit_runs_again(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table_format: str
-) -> None:
-    """Another writer commits to a lake table while a batch's MERGE into it runs (here a compaction, as a scheduled
-    one would: Delta's OPTIMIZE, Iceberg's rewrite_data_files): the table format refuses the MERGE's commit, and
-    the MERGE runs again on the table as the other writer left it, instead of failing the batch and stopping the
-    stream."""
-    import threading
+def _wait_for(started: Path, released: Path) -> bool:
+    """Runs in a Python worker while an operation reads its table (after it took its snapshot, before it commits):
+    says so, then waits for the other writer's commit. Only the first call waits, so that the other writer's own
+    Spark tasks find a free slot while the operation's other tasks go on."""
     import time
-    from dataclasses import replace as replaced
 
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType
+    try:
+        started.open("x").close()
+    except FileExistsError:
+        return True
+    deadline = time.monotonic() + 120
+    while not released.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
 
+
+class _Compaction:
+    """Another writer: a compaction of a lake table (Delta's OPTIMIZE, Iceberg's rewrite_data_files, as a scheduled
+    one would run) that commits while one of cdclake's operations on the table is held between reading the table
+    and committing (by :meth:`hold`, a Python UDF in what the operation reads, which waits for the compaction)."""
+
+    UDF_NAME = "cdclake_test_wait_for_the_compaction"
+
+    def __init__(self, spark, sink, table: str, table_format: str, directory: Path) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import BooleanType
+
+        self.spark, self.sink, self.table, self.table_format = spark, sink, table, table_format
+        self.started, self.released = directory / "operation-started", directory / "compacted"
+        started, released = self.started, self.released  # the UDF's closure: paths only, no session
+        # A lambda: PySpark reads a function's type hints as a pandas UDF's, and warns.
+        self._udf = F.udf(lambda _: _wait_for(started, released), BooleanType())  # noqa: TID251
+        spark.udf.register(self.UDF_NAME, self._udf)
+        self._thread = threading.Thread(target=self._compact)
+        self._thread.start()
+
+    def _compact(self) -> None:
+        import time
+
+        deadline = time.monotonic() + 120
+        while not self.started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.table_format == "iceberg":
+            self.sink.compact(self.table)
+        else:
+            self.spark.sql(f"OPTIMIZE delta.`{self.table}`")
+        self.released.touch()
+
+    def hold(self, column: str | None = None):  # type: ignore[no-untyped-def]
+        """A condition that is always true and waits for the compaction's commit (over ``column`` of the rows read,
+        where Spark needs the UDF bound to a column, as in Delta's DELETE)."""
+        from pyspark.sql import functions as F
+
+        return self._udf(F.lit(1) if column is None else F.col(column))
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def operations(self) -> list[str]:
+        """The table's commits in order (Iceberg: snapshot operations, a compaction is ``replace``)."""
+        if self.table_format == "iceberg":
+            snapshots = self.spark.table(f"{self.sink._identifier_of(self.table)}.snapshots").orderBy("committed_at")
+            return [row["operation"] for row in snapshots.collect()]
+        history = DeltaTable.forPath(self.spark, self.table).history().orderBy("version").collect()
+        return [row["operation"] for row in history]
+
+
+def _lake_of_twenty_rows(spark, tmp_path: Path, table_format: str):  # type: ignore[no-untyped-def]
+    """A lake table crm.t of rows id 0-19 (v = v<id>) in four files; returns (lake, sink, table path)."""
     from cdclake.sinks import lake_sink
-    from cdclake.sinks.iceberg import IcebergSink
 
     lake = tmp_path / "lake"
     first = tmp_path / "first.jsonl"
@@ -393,21 +448,22 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
         spark, lake=str(lake), format_name="canal-json", paths=[str(first)], batch_lines=2, table_format=table_format
     )
     sink = lake_sink(spark, str(lake), table_format)  # type: ignore[arg-type]
-    table = sink.table_path("crm", None, "t")
-    started, released = tmp_path / "merge-started", tmp_path / "compacted"
+    return lake, sink, sink.table_path("crm", None, "t")
 
-    def wait_for_the_other_writer() -> bool:
-        # Runs in a Python worker while the MERGE reads its source: after the MERGE took its snapshot, before it
-        # commits.
-        started.touch()
-        deadline = time.monotonic() + 120
-        while not released.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return True
 
-    # A Python UDF that waits: the test's way to hold the MERGE between its snapshot and its commit
-    # (a lambda: PySpark reads a function's type hints as a pandas UDF's, and warns).
-    blocking = F.udf(lambda _: wait_for_the_other_writer(), BooleanType())  # noqa: TID251
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_merge_that_meets_a_concurrent_commit_runs_again(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table_format: str
+) -> None:
+    """Another writer commits to a lake table while a batch's MERGE into it runs: the table format refuses the
+    MERGE's commit, and the MERGE runs again on the table as the other writer left it, instead of failing the batch
+    and stopping the stream."""
+    from dataclasses import replace as replaced
+
+    from cdclake.sinks.iceberg import IcebergSink
+
+    lake, sink, table = _lake_of_twenty_rows(spark, tmp_path, table_format)
+    compaction = _Compaction(spark, sink, table, table_format, tmp_path)
     one_attempt = "_merge_once" if table_format == "iceberg" else "_execute_merge"
     owner = IcebergSink if table_format == "iceberg" else DeltaSink
     original = getattr(owner, one_attempt)
@@ -416,37 +472,82 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
     def attempt(self, path, statement, *rest):  # type: ignore[no-untyped-def]
         calls.append(path)
         if len(calls) == 1:  # the first attempt only
-            statement = replaced(statement, source=statement.source.where(blocking(F.lit(1))))
+            statement = replaced(statement, source=statement.source.where(compaction.hold()))
         original(self, path, statement, *rest)
 
-    def compact_meanwhile() -> None:
-        deadline = time.monotonic() + 120
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if table_format == "iceberg":
-            sink.compact(table)
-        else:
-            spark.sql(f"OPTIMIZE delta.`{table}`")
-        released.touch()
-
     monkeypatch.setattr(owner, one_attempt, attempt)
-    other_writer = threading.Thread(target=compact_meanwhile)
-    other_writer.start()
     second = tmp_path / "second.jsonl"
     second.write_text(
         row_message("UPDATE", "t", [{"id": "3", "v": "new"}], TYPES, old=[{"id": "3", "v": "v3"}]) + "\n", "utf-8"
     )
     replay(spark, lake=str(lake), format_name="canal-json", paths=[str(second)], table_format=table_format)
-    other_writer.join()
+    compaction.join()
 
     assert calls == [table, table]  # the MERGE ran twice: the first attempt met the compaction's commit
+    operations = compaction.operations()
     if table_format == "iceberg":
-        snapshots = spark.table(f"{sink._identifier_of(table)}.snapshots").orderBy("committed_at").collect()
-        operations = [row["operation"] for row in snapshots]
         assert operations[-2] == "replace"  # the compaction, then the MERGE
         assert operations[-1] != "replace"
     else:
-        history = DeltaTable.forPath(spark, table).history().orderBy("version").collect()
-        assert [row["operation"] for row in history][-2:] == ["OPTIMIZE", "MERGE"]
+        assert operations[-2:] == ["OPTIMIZE", "MERGE"]
     expected = {i: f"v{i}" for i in range(20)} | {3: "new"}
     assert {row["id"]: row["v"] for row in sink.read_path(table).collect()} == expected
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_truncate_that_meets_a_concurrent_commit_runs_again(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table_format: str
+) -> None:
+    """The same for a source TRUNCATE, which deletes the table's older rows in one commit: after the compaction's
+    commit refused it, it runs again, and the rows written before the TRUNCATE are gone, the ones after it stay."""
+    from cdclake.sinks import lake_sink
+    from cdclake.sinks.iceberg import IcebergSink
+
+    lake = tmp_path / "lake"
+    sink = lake_sink(spark, str(lake), table_format)  # type: ignore[arg-type]
+    table = sink.table_path("crm", None, "t")
+    compaction = _Compaction(spark, sink, table, table_format, tmp_path)
+    calls: list[str] = []
+    if table_format == "iceberg":
+        original_sql = IcebergSink._delete_once
+
+        def attempt_sql(self, path, condition, marker):  # type: ignore[no-untyped-def]
+            calls.append(path)
+            if len(calls) == 1:
+                condition = f"{condition} AND {_Compaction.UDF_NAME}(id)"
+            original_sql(self, path, condition, marker)
+
+        monkeypatch.setattr(IcebergSink, "_delete_once", attempt_sql)
+    else:
+        original = DeltaSink._delete_where
+
+        def attempt(self, path, condition):  # type: ignore[no-untyped-def]
+            calls.append(path)
+            if len(calls) == 1:
+                condition = condition & compaction.hold("id")
+            original(self, path, condition)
+
+        monkeypatch.setattr(DeltaSink, "_delete_where", attempt)
+    # One replay, three batches: rows 0-19 in the first two (a file each), then the TRUNCATE (whose fallback position,
+    # its line, comes after theirs) and a row after it.
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text(
+        "".join(
+            row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(start, start + 5)], TYPES) + "\n"
+            for start in range(0, 20, 5)
+        )
+        + ddl_message("t", "TRUNCATE TABLE t", kind="TRUNCATE")
+        + "\n"
+        + row_message("INSERT", "t", [{"id": "100", "v": "after"}], TYPES)
+        + "\n",
+        "utf-8",
+    )
+    replay(
+        spark, lake=str(lake), format_name="canal-json", paths=[str(capture)], batch_lines=2, table_format=table_format
+    )
+    compaction.join()
+
+    assert calls == [table, table]  # the DELETE ran twice: the first attempt met the compaction's commit
+    operations = compaction.operations()
+    assert ("replace" if table_format == "iceberg" else "OPTIMIZE") in operations[-3:]
+    assert {row["id"]: row["v"] for row in sink.read_path(table).collect()} == {100: "after"}

@@ -693,14 +693,13 @@ class DeltaSink:
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
+        condition = F.col(POSITION_COLUMN) < F.lit(plan.truncate_order)
         with self.idempotent(marker):
-            self._committing(
-                path,
-                "DELETE",
-                lambda: DeltaTable.forPath(self.spark, path).delete(
-                    F.col(POSITION_COLUMN) < F.lit(plan.truncate_order)
-                ),
-            )
+            self._committing(path, "DELETE", lambda: self._delete_where(path, condition))
+
+    def _delete_where(self, path: str, condition: Column) -> None:
+        """One attempt at deleting the rows of the table at ``path`` that meet ``condition``: one commit."""
+        DeltaTable.forPath(self.spark, path).delete(condition)
 
     @contextmanager
     def merging(self, tables: int, concurrency: int) -> Iterator[None]:

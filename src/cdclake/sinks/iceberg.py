@@ -296,15 +296,20 @@ class IcebergSink(DeltaSink):
         """Replaces the table with new user columns (``name``, expression over the current row), keeping cdclake's
         columns and the table's properties: one snapshot, as Delta's rewrite is one commit."""
         path = self.table_path(database, schema, table)
-        if self._done(path, txn):
-            return
         keys = None
         if key_columns is not None:
             names = {name.lower() for name, _ in columns}
             keys = ",".join(k for k in key_columns if k.lower() in names)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
-        with self._commit(path, txn):
-            self._replace(path, self.read_path(path).select(*selected), keys)
+
+        def replace_once() -> None:
+            if self._done(path, txn):
+                return
+            # Read anew on every attempt: after a conflict, the rows are the other writer's.
+            with self._commit(path, txn):
+                self._replace(path, self.read_path(path).select(*selected), keys)
+
+        self._committing(path, "rewrite", replace_once)
         self._columns.pop(path, None)
 
     def _replace(self, path: str, rows: DataFrame, key_columns: str | None = None) -> None:
@@ -326,11 +331,15 @@ class IcebergSink(DeltaSink):
     def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
         target_path = self.table_path(*target)
-        if self._done(target_path, txn):
-            return
-        rows = self.read(source[0], source[2], source[1])
-        with self._commit(target_path, txn):
-            rows.writeTo(self._identifier_of(target_path)).overwrite(F.lit(True))
+
+        def copy_once() -> None:
+            if self._done(target_path, txn):
+                return
+            rows = self.read(source[0], source[2], source[1])
+            with self._commit(target_path, txn):
+                rows.writeTo(self._identifier_of(target_path)).overwrite(F.lit(True))
+
+        self._committing(target_path, "copy", copy_once)
         self._columns.pop(target_path, None)
 
     def clear(self, plan: TablePlan, txn: Txn | None) -> None:
@@ -344,12 +353,17 @@ class IcebergSink(DeltaSink):
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
+        condition = f"{POSITION_COLUMN} < {sql_string(plan.truncate_order)}"
+        # Again after a concurrent commit conflicts with it (a rewrite_data_files of the files it deletes from).
+        self._committing(path, "DELETE", lambda: self._delete_once(path, condition, marker))
+
+    def _delete_once(self, path: str, condition: str, marker: Txn | None) -> None:
+        """One attempt at ``DELETE FROM`` the table at ``path`` ``WHERE condition`` (SQL text built by this sink),
+        skipped when the table already has the commit of ``marker``."""
         if self._done(path, marker):
             return
         with self._commit(path, marker):
-            self.spark.sql(
-                f"DELETE FROM {self._identifier_of(path)} WHERE {POSITION_COLUMN} < {sql_string(plan.truncate_order)}"
-            )
+            self.spark.sql(f"DELETE FROM {self._identifier_of(path)} WHERE {condition}")
 
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One ``MERGE INTO`` of the folded, gated changes of one table (see DeltaSink.merge); inside
