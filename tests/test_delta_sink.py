@@ -464,9 +464,8 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
 
     lake, sink, table = _lake_of_twenty_rows(spark, tmp_path, table_format)
     compaction = _Compaction(spark, sink, table, table_format, tmp_path)
-    one_attempt = "_merge_once" if table_format == "iceberg" else "_execute_merge"
     owner = IcebergSink if table_format == "iceberg" else DeltaSink
-    original = getattr(owner, one_attempt)
+    original = owner._execute_merge
     calls: list[str] = []
 
     def attempt(self, path, statement, *rest):  # type: ignore[no-untyped-def]
@@ -475,7 +474,7 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
             statement = replaced(statement, source=statement.source.where(compaction.hold()))
         original(self, path, statement, *rest)
 
-    monkeypatch.setattr(owner, one_attempt, attempt)
+    monkeypatch.setattr(owner, "_execute_merge", attempt)
     second = tmp_path / "second.jsonl"
     second.write_text(
         row_message("UPDATE", "t", [{"id": "3", "v": "new"}], TYPES, old=[{"id": "3", "v": "v3"}]) + "\n", "utf-8"
@@ -509,15 +508,15 @@ def test_a_truncate_that_meets_a_concurrent_commit_runs_again(
     compaction = _Compaction(spark, sink, table, table_format, tmp_path)
     calls: list[str] = []
     if table_format == "iceberg":
-        original_sql = IcebergSink._delete_once
+        original_sql = IcebergSink._execute_delete
 
-        def attempt_sql(self, path, condition, marker):  # type: ignore[no-untyped-def]
+        def attempt_sql(self, path, condition):  # type: ignore[no-untyped-def]
             calls.append(path)
             if len(calls) == 1:
                 condition = f"{condition} AND {_Compaction.UDF_NAME}(id)"
-            original_sql(self, path, condition, marker)
+            original_sql(self, path, condition)
 
-        monkeypatch.setattr(IcebergSink, "_delete_once", attempt_sql)
+        monkeypatch.setattr(IcebergSink, "_execute_delete", attempt_sql)
     else:
         original = DeltaSink._delete_where
 

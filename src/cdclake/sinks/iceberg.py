@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -203,6 +203,19 @@ class IcebergSink(DeltaSink):
         if txn is not None:
             self._committed[(path, txn.app_id)] = txn.version
 
+    def _committing_once(self, path: str, txn: Txn | None, operation: str, write: Callable[[], None]) -> None:
+        """``write``, one commit to the table at ``path`` marked with ``txn``, skipped when the table has that commit
+        already; again after a concurrent commit conflicts with it (a rewrite_data_files, a DELETE by hand): each
+        attempt looks first whether its commit is there, and ``write`` reads the table anew."""
+
+        def attempt() -> None:
+            if self._done(path, txn):
+                return
+            with self._commit(path, txn):
+                write()
+
+        self._committing(path, operation, attempt)
+
     # ---------------------------------------------------------------------------------------------------------
     # Tables
 
@@ -301,15 +314,10 @@ class IcebergSink(DeltaSink):
             names = {name.lower() for name, _ in columns}
             keys = ",".join(k for k in key_columns if k.lower() in names)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
-
-        def replace_once() -> None:
-            if self._done(path, txn):
-                return
-            # Read anew on every attempt: after a conflict, the rows are the other writer's.
-            with self._commit(path, txn):
-                self._replace(path, self.read_path(path).select(*selected), keys)
-
-        self._committing(path, "rewrite", replace_once)
+        # Read anew on every attempt: after a conflict, the rows are the other writer's.
+        self._committing_once(
+            path, txn, "rewrite", lambda: self._replace(path, self.read_path(path).select(*selected), keys)
+        )
         self._columns.pop(path, None)
 
     def _replace(self, path: str, rows: DataFrame, key_columns: str | None = None) -> None:
@@ -331,15 +339,16 @@ class IcebergSink(DeltaSink):
     def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
         target_path = self.table_path(*target)
-
-        def copy_once() -> None:
-            if self._done(target_path, txn):
-                return
-            rows = self.read(source[0], source[2], source[1])
-            with self._commit(target_path, txn):
-                rows.writeTo(self._identifier_of(target_path)).overwrite(F.lit(True))
-
-        self._committing(target_path, "copy", copy_once)
+        self._committing_once(
+            target_path,
+            txn,
+            "copy",
+            lambda: (
+                self.read(source[0], source[2], source[1])
+                .writeTo(self._identifier_of(target_path))
+                .overwrite(F.lit(True))
+            ),
+        )
         self._columns.pop(target_path, None)
 
     def clear(self, plan: TablePlan, txn: Txn | None) -> None:
@@ -354,16 +363,11 @@ class IcebergSink(DeltaSink):
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
         condition = f"{POSITION_COLUMN} < {sql_string(plan.truncate_order)}"
-        # Again after a concurrent commit conflicts with it (a rewrite_data_files of the files it deletes from).
-        self._committing(path, "DELETE", lambda: self._delete_once(path, condition, marker))
+        self._committing_once(path, marker, "DELETE", lambda: self._execute_delete(path, condition))
 
-    def _delete_once(self, path: str, condition: str, marker: Txn | None) -> None:
-        """One attempt at ``DELETE FROM`` the table at ``path`` ``WHERE condition`` (SQL text built by this sink),
-        skipped when the table already has the commit of ``marker``."""
-        if self._done(path, marker):
-            return
-        with self._commit(path, marker):
-            self.spark.sql(f"DELETE FROM {self._identifier_of(path)} WHERE {condition}")
+    def _execute_delete(self, path: str, condition: str) -> None:
+        """``DELETE FROM`` the table at ``path`` ``WHERE condition`` (SQL text built by this sink): one commit."""
+        self.spark.sql(f"DELETE FROM {self._identifier_of(path)} WHERE {condition}")
 
     def merge(self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame) -> None:
         """One ``MERGE INTO`` of the folded, gated changes of one table (see DeltaSink.merge); inside
@@ -378,9 +382,7 @@ class IcebergSink(DeltaSink):
         supported (SQL text only)."""
         if matched_on is not None:
             raise ValueError("IcebergSink.merge_rows takes the statement's own condition only")
-        # Again after a concurrent commit conflicts with it (a rewrite_data_files, a DELETE by hand): the first
-        # thing each attempt does is look whether its commit is there already.
-        self._committing(path, "MERGE", lambda: self._merge_once(path, statement))
+        self._committing_once(path, self._marker, "MERGE", lambda: self._execute_merge(path, statement, None))
 
     @staticmethod
     def _conflict_name(error: Exception, causes: Sequence[Any]) -> str | None:
@@ -395,10 +397,9 @@ class IcebergSink(DeltaSink):
                 return str(cause.getClass().getSimpleName())
         return None
 
-    def _merge_once(self, path: str, statement: MergeStatement) -> None:
-        marker = self._marker
-        if self._done(path, marker):
-            return
+    def _execute_merge(self, path: str, statement: MergeStatement, matched_on: Column | None) -> None:
+        """The ``MERGE INTO`` of ``statement`` (its own condition; ``merge_rows`` refuses ``matched_on``): one
+        commit, marked with the enclosing :meth:`idempotent` block's marker."""
         # A view per MERGE (the batch's MERGEs run concurrently), in this sink's session: its settings hold the
         # batch's marker, and a streaming batch's frames belong to the query's own copy of the session.
         view = f"cdclake_merge_source_{uuid.uuid4().hex}"
@@ -414,11 +415,10 @@ class IcebergSink(DeltaSink):
         insert_values = ", ".join(statement.insert_values.values())
         clauses.append(f"WHEN NOT MATCHED{insert_when} THEN INSERT ({insert_columns}) VALUES ({insert_values})")
         try:
-            with self._commit(path, marker):
-                self.spark.sql(
-                    f"MERGE INTO {self._identifier_of(path)} t USING {view} s ON {statement.matched_on} "
-                    + " ".join(clauses)
-                )
+            self.spark.sql(
+                f"MERGE INTO {self._identifier_of(path)} t USING {view} s ON {statement.matched_on} "
+                + " ".join(clauses)
+            )
         finally:
             self.spark.catalog.dropTempView(view)
 
