@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdclake import model
+from cdclake.formats import _plans
 from cdclake.model import Op
 
 MESSAGE_KEY: Final = "key"
@@ -142,7 +143,9 @@ class CdcFormat:
     Attributes:
         name: registry name, kebab-case as the vendor spells the format (``dataworks-json``).
         description: one line for ``cdclake formats``.
-        decode: raw message frame + options -> canonical frame (pure Spark SQL).
+        decode: raw message frame + options -> canonical frame (pure Spark SQL). Per message: its plan may depend
+            on the options and the message columns only, never on the messages' data (it is built once and reused
+            for every batch, see :func:`decode_batch`), unless the format has ``metadata``.
         encoding: ``json`` or ``binary`` (how ``replay`` reads capture files by default).
         operations: vendor operation -> canonical op, for documentation and ``cdclake formats``.
         options: option name -> what it does.
@@ -168,8 +171,15 @@ class CdcFormat:
 
 
 def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) -> DataFrame:
-    """A batch of ``fmt`` messages -> its canonical events: ``fmt.decode``, then the format's batch step if any."""
-    decoded = fmt.decode(messages, options)
+    """A batch of ``fmt`` messages -> its canonical events: ``fmt.decode``, then the format's batch step if any.
+
+    The decoder's plan is built once per options and session configuration and reused (``formats._plans``),
+    except for formats with ``metadata``, whose plan depends on the batch's definition messages.
+    """
+    if fmt.metadata is None:
+        decoded = _plans.decode_reusing_plan(fmt.decode, messages, options)
+    else:  # its plain decode reads the batch's definition messages to build its plan: built anew for each batch
+        decoded = fmt.decode(messages, options)
     return decoded if fmt.batch_step is None else fmt.batch_step(decoded)
 
 

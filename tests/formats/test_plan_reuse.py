@@ -1,0 +1,74 @@
+"""A decoder's plan is built once and reused by later batches (``cdclake.formats._plans``), with the same events."""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import pytest
+from pyspark.sql import DataFrame
+
+from cdclake.formats import _plans, decode_batch, get_format, list_formats
+from tests.formats.golden import CASES, canonical_rows_by_topic, read_jsonl, scenarios, topics_frame
+
+pytestmark = pytest.mark.spark
+
+REUSED = [fmt.name for fmt in list_formats() if fmt.metadata is None]
+
+
+def _plain(format_name: str, messages: DataFrame) -> DataFrame:
+    fmt = get_format(format_name)
+    decoded = fmt.decode(messages, {})
+    return decoded if fmt.batch_step is None else fmt.batch_step(decoded)
+
+
+def _halves(spark, format_name: str) -> tuple[DataFrame, DataFrame]:  # type: ignore[no-untyped-def]
+    inputs = {s: read_jsonl(CASES / format_name / f"{s}.input.jsonl") for s in scenarios(format_name)}
+    names = sorted(inputs)
+    first, second = names[::2], names[1::2]
+    return (
+        topics_frame(spark, {s: inputs[s] for s in first}),
+        topics_frame(spark, {s: inputs[s] for s in second}),
+    )
+
+
+def test_every_format_without_metadata_reuses_its_plan() -> None:
+    # Qlik's decoders read the batch's definition messages while they build their plan: never reused.
+    assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-json", "qlik-avro"}
+
+
+@pytest.mark.parametrize("format_name", REUSED)
+def test_a_reused_plan_decodes_each_batch_as_a_plan_of_its_own(spark, format_name: str) -> None:
+    """Two batches through one template (the second reuses the first's), and both in one query: the same events as
+    the decoder's own plan for each batch."""
+    _plans.clear()
+    first, second = _halves(spark, format_name)
+    reused = [decode_batch(get_format(format_name), batch, {}) for batch in (first, second)]
+    assert len(_plans._templates) == 1
+    expected = [canonical_rows_by_topic(_plain(format_name, batch)) for batch in (first, second)]
+    assert [canonical_rows_by_topic(events) for events in reused] == expected
+    # Both batches' events in one plan: the template's attribute ids occur twice.
+    together = reduce(DataFrame.unionByName, reused)
+    assert canonical_rows_by_topic(together) == expected[0] | expected[1]
+
+
+def test_a_plan_is_built_again_when_what_analysis_reads_changes(spark) -> None:
+    """Other options, another session time zone: another template; the same ones again: the same template."""
+    _plans.clear()
+    batch = _halves(spark, "debezium-json")[0]
+    fmt = get_format("debezium-json")
+    decode_batch(fmt, batch, {})
+    decode_batch(fmt, batch, {"unavailable_value_placeholder": "__gone__"})
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Shanghai")
+    try:
+        shanghai = decode_batch(fmt, batch, {})
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert len(_plans._templates) == 3
+    again = decode_batch(fmt, batch, {})
+    assert len(_plans._templates) == 3
+    assert (
+        canonical_rows_by_topic(shanghai)
+        == canonical_rows_by_topic(again)
+        == canonical_rows_by_topic(_plain("debezium-json", batch))
+    )
