@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
 from cdclake import pipeline
+from cdclake.formats import _plans
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.sinks import delta
 from cdclake.sinks.delta import DeltaSink
@@ -63,12 +64,18 @@ def _key_ranges_always(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(DeltaSink, "key_ranges_pay", return_value=True)
 
 
+def _plans_per_batch(_: Any) -> AbstractContextManager[Any]:
+    """Decoders' plans built anew for every batch (before cdclake.formats._plans)."""
+    return mock.patch.object(_plans, "decode_reusing_plan", lambda decode, messages, options: decode(messages, options))
+
+
 def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:
     """No read of the lake tables' CHECK constraints per batch (before cdclake.constraints)."""
     return mock.patch.object(DeltaSink, "check_constraints", return_value={})
 
 
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
+    "plans-per-batch": _plans_per_batch,
     "no-constraint-reads": _no_constraint_reads,
     "no-key-ranges": _no_key_ranges,
     "key-ranges-always": _key_ranges_always,

@@ -72,3 +72,15 @@ def test_a_plan_is_built_again_when_what_analysis_reads_changes(spark) -> None:
         == canonical_rows_by_topic(again)
         == canonical_rows_by_topic(_plain("debezium-json", batch))
     )
+
+
+def test_a_plan_is_reused_after_a_lake_commit(spark, tmp_path) -> None:
+    """Delta records each commit's version in the session configuration: not a reason to build the plan again."""
+    _plans.clear()
+    batch = _halves(spark, "dataworks-json")[0]
+    decode_batch(get_format("dataworks-json"), batch, {})
+    for version in range(2):
+        spark.range(1).write.format("delta").mode("append").save(str(tmp_path / "table"))
+        assert spark.conf.get("spark.databricks.delta.lastCommitVersionInSession") == str(version)
+        decode_batch(get_format("dataworks-json"), batch, {})
+    assert len(_plans._templates) == 1
