@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import model
-from cdclake.formats import decode_batch, get_format, list_formats
+from cdclake.formats import CdcFormat, _plans, decode_batch, get_format, list_formats
 from tests.formats.golden import CASES, canonical_rows, canonical_rows_by_topic, read_jsonl, scenarios, topics_frame
 
 CASE_IDS = [(fmt.name, scenario) for fmt in list_formats() for scenario in scenarios(fmt.name)]
@@ -38,13 +38,20 @@ def _decoded_cases(spark: SparkSession, format_name: str) -> dict[str, list[dict
                 for s, lines in inputs.items()
             }
         elif fmt.batch_step is None:
-            _decoded[format_name] = canonical_rows_by_topic(fmt.decode(topics_frame(spark, inputs), {}))
+            _decoded[format_name] = canonical_rows_by_topic(_reused(fmt, topics_frame(spark, inputs)))
         else:
-            events = fmt.decode(topics_frame(spark, inputs), {}).localCheckpoint(eager=True)
+            events = _reused(fmt, topics_frame(spark, inputs)).localCheckpoint(eager=True)
             _decoded[format_name] = {
                 s: canonical_rows(fmt.batch_step(events.where(F.col(model.TOPIC) == s))) for s in inputs
             }
     return _decoded[format_name]
+
+
+def _reused(fmt: CdcFormat, messages: DataFrame) -> DataFrame:
+    """The format's decode of ``messages`` as ``decode_batch`` runs it: the decoder's plan built on a template
+    relation and put over ``messages`` (``formats._plans``), so that the golden cases check the plan the pipeline
+    runs."""
+    return _plans.decode_reusing_plan(fmt.decode, messages, {})
 
 
 @pytest.mark.spark
