@@ -5,27 +5,23 @@
 Per format, on the decode benchmark's workload (``benchmarks.decode``): the same messages decoded through
 ``decode_batch`` with the plan reused (A) and built anew (B, as before ``_plans``), alternating A/B and B/A, each
 forced through the ``noop`` writer and timed from building the frame, best of ``repeats``. The workload is the decode
-benchmark's (10,000 keys per table), so its cached files are reused. Checks first that both
-give the same events.
+benchmark's (10,000 keys per table), so its cached files are reused. Checks first that both give the same events.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from unittest import mock
+from contextlib import nullcontext
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from benchmarks.ab import _plans_per_batch
 from benchmarks.decode import _noop
 from benchmarks.workload import WorkloadSpec, materialize, message_frame
-from cdclake.formats import _plans, decode_batch, get_format
+from cdclake.formats import decode_batch, get_format
 from cdclake.workload import renderers
-
-
-def _rebuilt(decode, messages, options):  # type: ignore[no-untyped-def]
-    return decode(messages, options)
 
 
 def _as_text(frame: DataFrame) -> DataFrame:
@@ -49,22 +45,16 @@ def main() -> None:
         fmt = get_format(name)
         options = workload.format_options
         reused = _as_text(decode_batch(fmt, messages, options))
-        with mock.patch.object(_plans, "decode_reusing_plan", _rebuilt):
+        with _plans_per_batch(spark):
             rebuilt = _as_text(decode_batch(fmt, messages, options))
         differ = reused.exceptAll(rebuilt).count() + rebuilt.exceptAll(reused).count()
         times: dict[str, list[float]] = {"reused": [], "rebuilt": []}
         for repeat in range(args.repeats):
             for side in ("reused", "rebuilt") if repeat % 2 == 0 else ("rebuilt", "reused"):
-                patch = mock.patch.object(_plans, "decode_reusing_plan", _rebuilt) if side == "rebuilt" else None
-                if patch:
-                    patch.start()
-                try:
+                with _plans_per_batch(spark) if side == "rebuilt" else nullcontext():
                     started = time.perf_counter()
                     frame = decode_batch(fmt, messages, options)
                     times[side].append(time.perf_counter() - started + _noop(frame))
-                finally:
-                    if patch:
-                        patch.stop()
         a, b = min(times["reused"]), min(times["rebuilt"])
         print(
             f"{name}: {workload.messages:,} messages; plan reused {a:.2f} s, built per batch {b:.2f} s "
