@@ -38,7 +38,9 @@ def _messages(spark: SparkSession) -> DataFrame:
 
 def _reference(events: DataFrame) -> list[dict[str, Any]]:
     """The progress rows by their definition, in Spark SQL over the decoded events."""
-    good = events.where(F.col(model.ERROR).isNull())
+    # Stored first: a filter on the decoders' error column, pushed into their projections, would inline the whole
+    # error expression there, which took Spark about a minute to optimise and generate code for.
+    good = events.localCheckpoint(eager=True).where(F.col(model.ERROR).isNull())
     ops = F.map_from_entries(F.collect_list(F.struct("op", "n")))
     tables = (
         good.where(F.col(model.TABLE).isNotNull())
