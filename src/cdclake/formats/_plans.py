@@ -20,7 +20,6 @@ input), the batch is decoded as it would be without reuse.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -32,11 +31,9 @@ from pyspark.sql import DataFrame, SparkSession
 MAX_TEMPLATES: Final = 64
 """Templates kept per process (least recently used go first): one per format, options and configuration."""
 
-_VOLATILE_SETTINGS: Final = re.compile(r"(?:, )?spark\.databricks\.delta\.lastCommitVersionInSession -> -?\d+(?:, )?")
-"""Settings in the session configuration that change while a pipeline runs and that no decoder's plan reads: left
-out of the key. Delta records the version of each commit there, so every batch would build its template again.
-(The configuration is read as the text of a Scala immutable map, in one round trip: its order depends only on its
-entries.)"""
+_VOLATILE_SETTING: Final = "spark.databricks.delta.lastCommitVersionInSession"
+"""A setting of the session configuration that changes while a pipeline runs and that no decoder's plan reads: left
+out of the key. Delta records the version of each commit there, so every batch would build its template again."""
 
 DecodeFn = Callable[[DataFrame, Mapping[str, str]], DataFrame]
 Path = tuple[int, ...]
@@ -87,14 +84,9 @@ def _key(spark: SparkSession, decode: DecodeFn, messages: DataFrame, options: Ma
         tuple(sorted(options.items())),
         messages.schema.json(),
         jsession.sessionUUID(),
-        _settings_text(jsession.sessionState().conf().getAllConfs().toString()),
+        # A Scala immutable map, as text: its order depends on its entries only.
+        jsession.sessionState().conf().getAllConfs().removed(_VOLATILE_SETTING).toString(),
     )
-
-
-def _settings_text(configuration: str) -> str:
-    """The text of the configuration map (``Map(k -> v, ...)``) without the volatile settings: an entry left out
-    takes its separators with it, and one goes back in between its neighbours."""
-    return _VOLATILE_SETTINGS.sub(", ", configuration).replace("(, ", "(").replace(", )", ")")
 
 
 def _template(spark: SparkSession, decode: Callable[[DataFrame], DataFrame], messages: DataFrame) -> _Template | None:
