@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -111,3 +112,23 @@ def test_a_batch_newer_than_every_tombstone_reads_no_tombstone_file(spark, tmp_p
     assert _gated(spark, sink, folded, {table: "000300/1"}) == set(folded)
     with pytest.raises(Exception, match=r"(?i)(FileNotFound|does not exist|FAILED_READ_FILE)"):
         _gated(spark, sink, folded, {table: None})
+
+
+def test_expiry_forgets_only_tombstones_older_than_the_retention(spark, tmp_path: Path) -> None:
+    """``expire_tombstones`` deletes the tombstones recorded more than the retention ago and keeps the others (it
+    skips the DELETE while the table is younger than the retention: nothing in it can be older)."""
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    table = "db\x1f\x1ft"
+
+    def keys() -> set[str]:
+        return {row.row_key for row in spark.read.format("delta").load(sink.system_path(sink.TOMBSTONES)).collect()}
+
+    sink.expire_tombstones(1)  # no tombstone table yet: nothing to do
+    _write_tombstones(spark, sink, [(table, json.dumps([1]), "000001/1")])
+    sink.expire_tombstones(3600)
+    assert keys() == {json.dumps([1])}
+
+    time.sleep(5)
+    _write_tombstones(spark, sink, [(table, json.dumps([2]), "000002/1")])
+    sink.expire_tombstones(3)  # key 1 was recorded more than 5 s ago, key 2 just now
+    assert keys() == {json.dumps([2])}

@@ -1074,11 +1074,20 @@ class DeltaSink:
 
     def expire_tombstones(self, retention_seconds: int) -> None:
         """Forgets tombstones recorded more than ``retention_seconds`` ago. After that, a late event older than the
-        delete could bring the row back: choose a retention longer than any redelivery delay."""
+        delete could bring the row back: choose a retention longer than any redelivery delay.
+
+        Nothing to forget while the table itself is younger than the retention (each tombstone is recorded at its
+        append, after the table's creation), so the DELETE is skipped: a new pipeline expires on its first batch, and
+        the DELETE's planning and file-skipping query took 0.23-0.42 s there, the creation time 0.09-0.14 s."""
         path = self.system_path(self.TOMBSTONES)
-        if self._exists(path):
-            cutoff = F.current_timestamp() - F.make_interval(secs=F.lit(retention_seconds))
-            DeltaTable.forPath(self.spark, path).delete(F.col("recorded_at") < cutoff)
+        if not self._exists(path):
+            return
+        cutoff = F.current_timestamp() - F.make_interval(secs=F.lit(retention_seconds))
+        table = DeltaTable.forPath(self.spark, path)
+        young = table.detail().select(F.col("createdAt") >= cutoff).first()
+        if young is not None and young[0]:
+            return
+        table.delete(F.col("recorded_at") < cutoff)
 
     # ---------------------------------------------------------------------------------------------------------
     # Reading back (status, tests)
