@@ -13,12 +13,15 @@ from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
 from cdclake.cli.main import app
-from cdclake.devtools.verify import compare_lake, describe
+from cdclake.devtools.verify import compare_lake, describe, read_table
 from cdclake.exceptions import InputError
+from cdclake.maintain import maintain_lake
 from cdclake.pipeline import Pipeline, PipelineSettings
+from cdclake.runner import replay
 from cdclake.sinks import TableFormat
 from cdclake.sources import files
 from tests.e2e.helpers import history_table, lake_reader, scd2_reader, workload, write_lines
+from tests.test_ddl import ddl_message, row_message
 
 pytestmark = pytest.mark.spark
 
@@ -128,3 +131,28 @@ def _commit_count(spark, table: Path, table_format: str) -> int:  # type: ignore
     if table_format == "delta":
         return spark.sql(f"DESCRIBE HISTORY delta.`{table}`").count()
     return spark.read.format("iceberg").load(f"{table}#snapshots").count()
+
+
+def test_maintain_finds_a_table_that_only_a_rename_filled(spark, tmp_path: Path) -> None:
+    """``RENAME TABLE customer TO client`` moves the rows to a new lake table that no later change names, so no
+    progress row does either: ``schema_changes`` records where the rows went (``moved_to``), and maintain reads it."""
+    types = {"id": "bigint(20)", "name": "varchar(64)"}
+    lines = [
+        row_message("INSERT", "customer", [{"id": "1", "name": "a"}, {"id": "2", "name": "b"}], types),
+        row_message("UPDATE", "customer", [{"id": "1", "name": "aa"}], types, old=[{"name": "a"}]),
+        ddl_message("customer", "RENAME TABLE customer TO client", "RENAME"),
+    ]
+    capture = tmp_path / "canal.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], batch_lines=2)
+    renames = spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").select("moved_to").collect()
+    assert [row[0] for row in renames] == [["crm/client"]]
+
+    maintained = maintain_lake(spark, lake, retain_hours=0)
+    lake_tables = {item.name: item.path for item in maintained if item.kind == "lake"}
+    assert lake_tables == {"crm.customer": f"{lake}/crm/customer", "crm.client": f"{lake}/crm/client"}
+    assert sorted(read_table(f"{lake}/crm/client"), key=lambda row: row["id"]) == [
+        {"id": 1, "name": "aa"},
+        {"id": 2, "name": "b"},
+    ]

@@ -76,6 +76,9 @@ class SchemaEvent:
     """Reason, when the statement must go to the dead letters."""
     notes: list[str] = field(default_factory=list)
     """What the outcome says before the outcomes of the changes applied (an online schema change's steps)."""
+    moved_to: list[str] = field(default_factory=list)
+    """The lake tables (``<database>/<table>``, relative to the lake) that a RENAME of the event moved rows into:
+    recorded in ``schema_changes`` so that ``cdclake maintain`` finds a table that only a rename filled."""
 
     @property
     def changes(self) -> tuple[SchemaChange, ...]:
@@ -122,6 +125,9 @@ def schema_events(frame: DataFrame) -> list[SchemaEvent]:
     ).collect()
     return sorted((SchemaEvent(row.asDict(), row["order"]) for row in rows), key=lambda e: e.order)
 
+
+ROWS_MOVED: Final = "applied: rows moved to"
+"""How the outcome of a RENAME that moved a table's rows to another lake table begins."""
 
 CLEARING_KINDS: Final = frozenset({"truncate", "drop_table", "rename_table"})
 """Changes that delete the lake rows of their table (a renamed table's rows move to the new name)."""
@@ -347,7 +353,10 @@ class SchemaEvolution:
         for index, change in enumerate(event.changes):
             marker = None if txn is None else Txn(f"{txn.app_id}/{index}", txn.version)
             try:
-                outcomes.append(self._apply_change(change, event.order, marker))
+                outcome = self._apply_change(change, event.order, marker)
+                outcomes.append(outcome)
+                if change.new_table is not None and outcome.startswith(ROWS_MOVED):
+                    event.moved_to.append("/".join(self.sink.lake_names(*_ident(change.new_table))))
             except _IncompatibleChangeError as exc:
                 event.dead_letter = f"DDL not applied: {exc}"
                 outcomes.append(f"dead letter: {exc}")
@@ -395,7 +404,7 @@ class SchemaEvolution:
                 sink.ensure_table(plan)
             sink.copy_rows(ident, target, txn)
             sink.clear(self._plan(change.table, order), None if txn is None else Txn(f"{txn.app_id}/old", txn.version))
-            return f"applied: rows moved to {'.'.join(p for p in target if p)}"
+            return f"{ROWS_MOVED} {'.'.join(p for p in target if p)}"
         by_lower = {name.lower(): (name, t) for name, t in columns}
         if kind == "add_column":
             assert change.column is not None

@@ -7,11 +7,12 @@ delete files (Iceberg) behind, for time travel.
   the last batch's exactly-once marker), then ``remove_orphan_files`` as old and at least a day old (files of writes
   that never committed, such as a killed run's; Iceberg refuses younger ones).
 
-Covered: the lake tables that the progress table names, their history tables, and cdclake's bookkeeping tables
-under ``_cdclake`` (always Delta). Exactly once does not depend on old versions: row changes are gated by order,
-so a batch re-run after maintenance changes nothing. Delta keeps every batch marker in its log, so such a re-run
-commits nothing either; an Iceberg table keeps the marker of its current snapshot (its last write), so the other
-steps of that batch (a truncate before the MERGE) would commit again, to no effect.
+Covered: the lake tables that the progress table names or a RENAME moved rows into (``schema_changes``), their
+history tables, and cdclake's bookkeeping tables under ``_cdclake`` (always Delta). Exactly once does not depend on
+old versions: row changes are gated by order, so a batch re-run after maintenance changes nothing. Delta keeps every
+batch marker in its log, so such a re-run commits nothing either; an Iceberg table keeps the marker of its current
+snapshot (its last write), so the other steps of that batch (a truncate before the MERGE) would commit again, to no
+effect.
 
 Run it while no pipeline writes the lake, or with a retention longer than any write takes: a retention shorter
 than a running write can delete files that write is about to commit.
@@ -25,6 +26,7 @@ from typing import Literal
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from cdclake.evolve import SCHEMA_CHANGES
 from cdclake.exceptions import InputError
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.history import CHANGELOG_DIR, SCD2_DIR
@@ -78,14 +80,22 @@ def maintain_lake(
         .distinct()
         .collect()
     )
-    # Several source tables may share a lake table (routes, or one name in two schemas: README "What lands in the
-    # lake"), and a table may have moved (a route changed): each lake table once.
-    seen: set[str] = set()
+    tables: list[tuple[str, str]] = []  # (path, name)
     for database, schema, table, relative in sorted(sources, key=lambda row: tuple(part or "" for part in row)):
         path = sink.table_path(database, schema, table)
         name = ".".join(part for part in (database, schema, table) if part)
         if relative and f"{sink.lake}/{relative}" != path:  # routed (lake_table is the default path otherwise)
             path, name = f"{sink.lake}/{relative}", relative.replace("/", ".")
+        tables.append((path, name))
+    # A table that only a RENAME filled has no progress row; schema_changes names it (since moved_to exists).
+    changes = sink.read_system(SCHEMA_CHANGES)
+    if changes is not None and "moved_to" in changes.columns:
+        moved = changes.select(F.explode("moved_to").alias("lake_table")).distinct().collect()
+        tables += sorted((f"{sink.lake}/{row[0]}", row[0].replace("/", ".")) for row in moved)
+    # Several source tables may share a lake table (routes, or one name in two schemas: README "What lands in the
+    # lake"), and a table may have moved (a route changed, a rename): each lake table once.
+    seen: set[str] = set()
+    for path, name in tables:
         if path in seen:
             continue
         seen.add(path)

@@ -91,7 +91,7 @@ DEAD_LETTERS = "dead_letters"
 PROGRESS = "progress"
 SCHEMA_CHANGE_ROW = (
     "database string, schema string, table string, op string, vendor_op string, ddl string, position string, "
-    "event_time timestamp, topic string, partition int, offset bigint, outcome string"
+    "event_time timestamp, topic string, partition int, offset bigint, outcome string, moved_to array<string>"
 )
 
 
@@ -1207,7 +1207,7 @@ class Pipeline:
             model.PARTITION,
             model.OFFSET,
         )
-        rows = [(*(e.row[c] for c in columns), e.outcome) for e in events]
+        rows = [(*(e.row[c] for c in columns), e.outcome, e.moved_to or None) for e in events]
         frame = local_frame(self.spark, rows, SCHEMA_CHANGE_ROW).select(
             F.lit(self.settings.name).alias("pipeline"),
             F.lit(batch_id).cast("bigint").alias("batch_id"),
