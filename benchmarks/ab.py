@@ -64,9 +64,18 @@ def _key_ranges_always(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(DeltaSink, "key_ranges_pay", return_value=True)
 
 
-def _plans_per_batch(_: Any) -> AbstractContextManager[Any]:
+@contextmanager
+def _plans_per_batch(_: Any) -> Iterator[None]:
     """Decoders' plans built anew for every batch (before cdclake.formats._plans)."""
-    return mock.patch.object(_plans, "decode_reusing_plan", lambda decode, messages, options: decode(messages, options))
+    with (
+        mock.patch.object(_plans, "decode_reusing_plan", lambda decode, messages, options: decode(messages, options)),
+        mock.patch.object(
+            _plans,
+            "decode_with_definitions_reusing_plan",
+            lambda decode, messages, options, known: decode(messages, options, known),
+        ),
+    ):
+        yield
 
 
 def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:

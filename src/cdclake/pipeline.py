@@ -51,7 +51,7 @@ from cdclake.evolve import (
     schema_events,
     shares_nothing,
 )
-from cdclake.formats import decode_batch, get_format
+from cdclake.formats import decode_batch, decode_batch_with_metadata, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
     METADATA_SCHEMA,
@@ -338,7 +338,7 @@ class Pipeline:
         if fmt.metadata is None:
             return decode_batch(fmt, messages, options)
         known = self._known_metadata(name, collect_metadata(fmt.metadata.extract(messages, options)), txn, store)
-        return fmt.metadata.decode(messages, options, known)
+        return decode_batch_with_metadata(fmt, messages, options, known)
 
     def _known_metadata(
         self, format_name: str, found: Sequence[TableMetadata], txn: Txn | None, store: bool = True

@@ -7,12 +7,13 @@ from functools import reduce
 import pytest
 from pyspark.sql import DataFrame
 
-from cdclake.formats import _plans, decode_batch, get_format, list_formats
+from cdclake.formats import _plans, decode_batch, decode_batch_with_metadata, get_format, list_formats
+from cdclake.formats.base import collect_metadata
 from tests.formats.golden import CASES, canonical_rows_by_topic, read_jsonl, scenarios, topics_frame
 
 pytestmark = pytest.mark.spark
 
-REUSED = [fmt.name for fmt in list_formats() if fmt.metadata is None]
+REUSED = [fmt.name for fmt in list_formats() if fmt.metadata is None or fmt.metadata.plan_from_definitions]
 
 
 def _plain(format_name: str, messages: DataFrame) -> DataFrame:
@@ -31,9 +32,27 @@ def _halves(spark, format_name: str) -> tuple[DataFrame, DataFrame]:  # type: ig
     )
 
 
-def test_every_format_without_metadata_reuses_its_plan() -> None:
-    # Qlik's decoders read the batch's definition messages while they build their plan: never reused.
-    assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-json", "qlik-avro"}
+def test_every_format_but_qlik_avro_reuses_its_plan() -> None:
+    # Qlik Avro's decoder picks the data schemas of the batch's messages while it builds its plan: never reused.
+    assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-avro"}
+
+
+def test_a_plan_built_from_definitions_is_reused_while_they_stay_the_same(spark) -> None:
+    """Qlik JSON, as the pipeline decodes it: with every definition known so far. Two batches under the same
+    definitions share one template and decode as the decoder's own plan does; a new definition builds another."""
+    _plans.clear()
+    fmt = get_format("qlik-json")
+    assert fmt.metadata is not None
+    first, second = _halves(spark, "qlik-json")
+    known = collect_metadata(fmt.metadata.extract(first.unionByName(second), {}))
+    assert len(known) >= 2, "the cases must define several tables"
+    reused = [decode_batch_with_metadata(fmt, batch, {}, known) for batch in (first, second)]
+    assert len(_plans._templates) == 1
+    expected = [canonical_rows_by_topic(fmt.metadata.decode(batch, {}, known)) for batch in (first, second)]
+    assert [canonical_rows_by_topic(events) for events in reused] == expected
+    fewer = decode_batch_with_metadata(fmt, first, {}, known[:1])
+    assert len(_plans._templates) == 2
+    assert canonical_rows_by_topic(fewer) == canonical_rows_by_topic(fmt.metadata.decode(first, {}, known[:1]))
 
 
 @pytest.mark.parametrize("format_name", ["dataworks-json", "debezium-json", "dts-avro", "canal-json"])

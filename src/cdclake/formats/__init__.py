@@ -15,9 +15,9 @@ import pkgutil
 from importlib.metadata import entry_points
 
 from cdclake.exceptions import UnknownFormatError
-from cdclake.formats.base import CdcFormat, decode_batch
+from cdclake.formats.base import CdcFormat, decode_batch, decode_batch_with_metadata
 
-__all__ = ["CdcFormat", "decode_batch", "get_format", "list_formats", "register"]
+__all__ = ["CdcFormat", "decode_batch", "decode_batch_with_metadata", "get_format", "list_formats", "register"]
 
 _SHARED_MODULES = frozenset({"base"})
 _REGISTRY: dict[str, CdcFormat] = {}

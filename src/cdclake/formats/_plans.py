@@ -12,17 +12,19 @@ that analysed plan with the template replaced by the batch's own plan. The batch
 template's attribute ids (a projection of aliases), so every expression above them stays valid as analysed.
 
 The reuse is keyed by everything analysis reads: the decoder, its options, the message columns, the session and
-its SQL configuration (the session time zone and ANSI mode are baked into analysed expressions). Formats whose
-``decode`` looks at the batch's data to build its plan (those with ``metadata``: Qlik reads the batch's
-definition messages) are never reused. If the template cannot be replaced (a decoder that does not read its
-input), the batch is decoded as it would be without reuse.
+its SQL configuration (the session time zone and ANSI mode are baked into analysed expressions). A decoder of table
+definitions sent in other messages (``MetadataSupport``) builds its plan from the definitions known so far: they
+are part of the key (:func:`decode_with_definitions_reusing_plan`), so a stream whose tables are all defined
+reuses one plan, and a new definition builds the next. A ``decode`` that looks at the batch's data to build its plan
+(Qlik Avro picks the data schemas of the batch's messages) is never reused. If the template cannot be replaced (a
+decoder that does not read its input), the batch is decoded as it would be without reuse.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,21 +55,43 @@ _lock = threading.Lock()
 
 def decode_reusing_plan(decode: DecodeFn, messages: DataFrame, options: Mapping[str, str]) -> DataFrame:
     """``decode(messages, options)``, with the decoder's plan built once for these options and reused."""
+    return _reusing((decode, tuple(sorted(options.items()))), lambda m: decode(m, options), messages)
+
+
+def decode_with_definitions_reusing_plan(
+    decode: Callable[[DataFrame, Mapping[str, str], Sequence[Any]], DataFrame],
+    messages: DataFrame,
+    options: Mapping[str, str],
+    known: Sequence[Hashable],
+) -> DataFrame:
+    """``decode(messages, options, known)`` (a ``MetadataSupport`` decode and the table definitions it reads), with
+    its plan built once for these options and definitions (in this order) and reused."""
+    definitions = tuple(known)
+    return _reusing(
+        (decode, tuple(sorted(options.items())), definitions),
+        lambda m: decode(m, options, definitions),
+        messages,
+    )
+
+
+def _reusing(identity: tuple[Any, ...], decode: Callable[[DataFrame], DataFrame], messages: DataFrame) -> DataFrame:
+    """``decode(messages)`` through the template of ``identity`` (what the plan is built from besides the messages'
+    columns and the session), made on first use."""
     spark = messages.sparkSession
-    key = _key(spark, decode, messages, options)
+    key = _key(spark, identity, messages)
     with _lock:
         known = key in _templates
         template = _templates.get(key)
         if known:
             _templates.move_to_end(key)
     if not known:
-        template = _template(spark, lambda m: decode(m, options), messages)
+        template = _template(spark, decode, messages)
         with _lock:
             _templates[key] = template
             while len(_templates) > MAX_TEMPLATES:
                 _templates.popitem(last=False)
     if template is None:
-        return decode(messages, options)
+        return decode(messages)
     return _instantiate(spark, template, messages)
 
 
@@ -77,11 +101,10 @@ def clear() -> None:
         _templates.clear()
 
 
-def _key(spark: SparkSession, decode: DecodeFn, messages: DataFrame, options: Mapping[str, str]) -> tuple[Any, ...]:
+def _key(spark: SparkSession, identity: tuple[Any, ...], messages: DataFrame) -> tuple[Any, ...]:
     jsession = spark._jsparkSession
     return (
-        decode,
-        tuple(sorted(options.items())),
+        *identity,
         messages.schema.json(),
         jsession.sessionUUID(),
         # A Scala immutable map, as text: its order depends on its entries only.

@@ -116,10 +116,14 @@ class MetadataSupport:
     Attributes:
         extract: finds the definition messages of a batch (see :data:`ExtractMetadataFn`).
         decode: decodes a batch with known definitions (see :data:`MetadataDecodeFn`).
+        plan_from_definitions: whether ``decode`` builds its plan from the options, the definitions and the message
+            columns alone, without a Spark job on the messages: then the plan is built once per set of definitions
+            and reused (``formats._plans``, :func:`decode_batch_with_metadata`).
     """
 
     extract: ExtractMetadataFn
     decode: MetadataDecodeFn
+    plan_from_definitions: bool = False
 
 
 def collect_metadata(extracted: DataFrame) -> list[TableMetadata]:
@@ -173,14 +177,29 @@ class CdcFormat:
 def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) -> DataFrame:
     """A batch of ``fmt`` messages -> its canonical events: ``fmt.decode``, then the format's batch step if any.
 
-    The decoder's plan is built once per options and session configuration and reused (``formats._plans``),
-    except for formats with ``metadata``, whose plan depends on the batch's definition messages.
+    The decoder's plan is built once per options and session configuration and reused (``formats._plans``). A
+    format with ``metadata`` reads the batch's definition messages first, as its plain decode does; its plan is then
+    reused per set of definitions if it is built from them alone (``MetadataSupport.plan_from_definitions``).
     """
     if fmt.metadata is None:
         decoded = _plans.decode_reusing_plan(fmt.decode, messages, options)
-    else:  # its plain decode reads the batch's definition messages to build its plan: built anew for each batch
+    elif fmt.metadata.plan_from_definitions:
+        known = collect_metadata(fmt.metadata.extract(messages, options))
+        decoded = decode_batch_with_metadata(fmt, messages, options, known)
+    else:  # its plain decode reads the batch's messages to build its plan: built anew for each batch
         decoded = fmt.decode(messages, options)
     return decoded if fmt.batch_step is None else fmt.batch_step(decoded)
+
+
+def decode_batch_with_metadata(
+    fmt: CdcFormat, messages: DataFrame, options: FormatOptions, known: Sequence[TableMetadata]
+) -> DataFrame:
+    """A batch of messages of a format with ``metadata`` -> its canonical events, decoded with the table definitions
+    ``known`` (``MetadataSupport.decode``); the plan is reused per set of definitions where the format allows it."""
+    assert fmt.metadata is not None
+    if fmt.metadata.plan_from_definitions:
+        return _plans.decode_with_definitions_reusing_plan(fmt.metadata.decode, messages, options, known)
+    return fmt.metadata.decode(messages, options, known)
 
 
 def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:

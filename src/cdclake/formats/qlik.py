@@ -761,6 +761,6 @@ FORMAT: Final = register(
         },
         sniff=sniff,
         examples=("qlik-json.jsonl",),
-        metadata=MetadataSupport(extract=extract_metadata, decode=decode_with_metadata),
+        metadata=MetadataSupport(extract=extract_metadata, decode=decode_with_metadata, plan_from_definitions=True),
     )
 )
