@@ -128,7 +128,8 @@ def test_expiry_forgets_only_tombstones_older_than_the_retention(spark, tmp_path
     sink.expire_tombstones(3600)
     assert keys() == {json.dumps([1])}
 
-    time.sleep(5)
+    time.sleep(7)
     _write_tombstones(spark, sink, [(table, json.dumps([2]), "000002/1")])
-    sink.expire_tombstones(3)  # key 1 was recorded more than 5 s ago, key 2 just now
+    # Key 1 was recorded more than 7 s ago; key 2 just now (a 6 s margin for a slow machine between the two calls).
+    sink.expire_tombstones(6)
     assert keys() == {json.dumps([2])}
