@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdclake.formats import decode_batch, get_format, list_formats
 from tests.formats.golden import CASES, messages_frame, read_jsonl, scenarios
@@ -168,3 +169,34 @@ def test_a_stored_frame_is_recognised_and_not_stored_twice(spark) -> None:
     release_stored_inputs(stored.crossJoin(other), keep=other)
     assert set(before) - set(_stored_rdds(spark)) == {stored._jdf.queryExecution().analyzed().rdd().id()}
     assert other.count() == 3
+
+
+@pytest.mark.spark
+def test_the_session_holds_the_jvm_classes_pyspark_looks_up_by_name(spark) -> None:
+    """PySpark names a few JVM classes on every Column function and ``select``; the session's JVM view holds their
+    handles (cdclake.spark.pin_jvm_classes), each the class the JVM itself resolves for that name, so those lookups
+    no longer go to the JVM."""
+    from py4j.java_gateway import JVMView
+
+    from cdclake.spark import PINNED_JVM_CLASSES
+
+    view = spark.sparkContext._jvm
+    for name, qualified in PINNED_JVM_CLASSES.items():
+        assert vars(view)[name]._fqn == qualified
+        assert JVMView.__getattr__(view, name)._fqn == qualified  # what Py4J resolves in the JVM
+    # A pinned handle works as PySpark uses it.
+    assert list(view.PythonUtils.toSeq(["a", "b"]).toList().mkString(",")) == list("a,b")
+
+    names: list[str] = []
+    original = JVMView.__getattr__
+
+    def counting(self: JVMView, name: str) -> object:
+        names.append(name)
+        return original(self, name)
+
+    JVMView.__getattr__ = counting  # type: ignore[method-assign]
+    try:
+        spark.range(3).select((F.col("id") + 1).alias("x"), F.lit("y")).collect()
+    finally:
+        JVMView.__getattr__ = original  # type: ignore[method-assign]
+    assert not set(names) & set(PINNED_JVM_CLASSES), names

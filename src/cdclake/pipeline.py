@@ -62,7 +62,14 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import TableFormat, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
-from cdclake.spark import is_local_checkpoint, local_frame, release, release_stored_inputs, session_settings
+from cdclake.spark import (
+    is_local_checkpoint,
+    local_frame,
+    pin_jvm_classes,
+    release,
+    release_stored_inputs,
+    session_settings,
+)
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
 
 log = logging.getLogger(__name__)
@@ -291,6 +298,7 @@ class Pipeline:
         # Spark still writes timestamps as legacy INT96 by default; other Delta readers (delta-rs, Trino, DuckDB)
         # expect the standard TIMESTAMP_MICROS with UTC semantics.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        pin_jvm_classes(spark)  # for sessions that cdclake.spark.get_session did not make
         for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
             get_format(str(name))  # fail fast on unknown names
         # Table definitions sent in their own messages (Qlik MD), by (format, schema id): loaded from the lake's

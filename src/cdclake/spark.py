@@ -140,6 +140,7 @@ def get_session(
     if active is not None or _under_spark_submit():
         session = active or SparkSession.builder.appName(app_name).getOrCreate()
         _ensure_delta(session)
+        pin_jvm_classes(session)
         for key, value in (conf or {}).items():
             session.conf.set(key, value)
         return session
@@ -155,7 +156,39 @@ def get_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    pin_jvm_classes(session)
     return session
+
+
+PINNED_JVM_CLASSES: Final = {
+    "PythonUtils": "org.apache.spark.api.python.PythonUtils",
+    "PythonSQLUtils": "org.apache.spark.sql.api.python.PythonSQLUtils",
+    "functions": "org.apache.spark.sql.functions",
+    "org.apache.spark.sql.functions": "org.apache.spark.sql.functions",
+}
+"""The JVM classes PySpark looks up by name on every Column function and ``select`` (``sc._jvm.PythonUtils``,
+``getattr(sc._jvm, "org.apache.spark.sql.functions")``...), by the name PySpark uses -> the class."""
+
+
+def pin_jvm_classes(session: SparkSession) -> None:
+    """Keeps Py4J handles of :data:`PINNED_JVM_CLASSES` on the session's JVM view, so that PySpark's lookups of them
+    are plain attribute reads instead of JVM round trips.
+
+    Py4J resolves every ``sc._jvm.<Name>`` in the JVM, and a bare name first as a class of the default package, then
+    under each imported package: each miss searches the whole class path (about 300 jars) and builds a
+    ``ClassNotFoundException``. Measured warm: 0.29 ms per ``PythonUtils`` lookup, 0.42 ms per ``PythonSQLUtils``,
+    0.11 ms per qualified ``functions``; a 3-table micro-batch made about 590 of them (about 0.1 s). Py4J's view
+    only asks the JVM for names it does not hold as attributes, and a class handle holds nothing but the class name.
+    Does nothing without a classic session (Spark Connect has no JVM view)."""
+    try:
+        view = session.sparkContext._jvm
+    except Exception:  # Spark Connect: no SparkContext, no Py4J
+        return
+    if view is None:
+        return
+    for name, qualified in PINNED_JVM_CLASSES.items():
+        if name not in vars(view):
+            setattr(view, name, getattr(view, qualified))
 
 
 def _ensure_delta(session: SparkSession) -> None:
