@@ -175,7 +175,7 @@ def test_a_stored_frame_is_recognised_and_not_stored_twice(spark) -> None:
 def test_the_session_holds_the_jvm_classes_pyspark_looks_up_by_name(spark) -> None:
     """PySpark names a few JVM classes on every Column function and ``select``; the session's JVM view holds their
     handles (cdclake.spark.pin_jvm_classes), each the class the JVM itself resolves for that name, so those lookups
-    no longer go to the JVM."""
+    (and those of their static methods) no longer go to the JVM."""
     from py4j.java_gateway import JVMView
 
     from cdclake.spark import PINNED_JVM_CLASSES
@@ -184,8 +184,9 @@ def test_the_session_holds_the_jvm_classes_pyspark_looks_up_by_name(spark) -> No
     for name, qualified in PINNED_JVM_CLASSES.items():
         assert vars(view)[name]._fqn == qualified
         assert JVMView.__getattr__(view, name)._fqn == qualified  # what Py4J resolves in the JVM
-    # A pinned handle works as PySpark uses it.
+    # A pinned handle works as PySpark uses it, and keeps the static methods it was asked for.
     assert list(view.PythonUtils.toSeq(["a", "b"]).toList().mkString(",")) == list("a,b")
+    assert view.functions.col is view.functions.col
 
     names: list[str] = []
     original = JVMView.__getattr__
