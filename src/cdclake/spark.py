@@ -185,7 +185,7 @@ def pin_jvm_classes(session: SparkSession) -> None:
     Does nothing without a classic session (Spark Connect has no JVM view)."""
     try:
         view = session.sparkContext._jvm
-    except Exception:  # Spark Connect: no SparkContext, no Py4J
+    except (AttributeError, Py4JError):  # Spark Connect: no SparkContext (PySparkAttributeError), no Py4J
         return
     if view is None:
         return
