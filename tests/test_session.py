@@ -185,7 +185,7 @@ def test_the_session_holds_the_jvm_classes_pyspark_looks_up_by_name(spark) -> No
         assert vars(view)[name]._fqn == qualified
         assert JVMView.__getattr__(view, name)._fqn == qualified  # what Py4J resolves in the JVM
     # A pinned handle works as PySpark uses it, and keeps the static methods it was asked for.
-    assert list(view.PythonUtils.toSeq(["a", "b"]).toList().mkString(",")) == list("a,b")
+    assert view.PythonUtils.toSeq(["a", "b"]).mkString(",") == "a,b"
     assert view.functions.col is view.functions.col
 
     names: list[str] = []
