@@ -189,9 +189,11 @@ def pin_jvm_classes(session: SparkSession) -> None:
         return
     if view is None:
         return
+    handles: dict[str, _RememberingJavaClass] = {}  # one per class: two names of a class share its methods
     for name, qualified in PINNED_JVM_CLASSES.items():
         if not isinstance(vars(view).get(name), _RememberingJavaClass):
-            setattr(view, name, _RememberingJavaClass(getattr(view, qualified)._fqn, view._gateway_client))
+            handle = handles.setdefault(qualified, _RememberingJavaClass(qualified, view._gateway_client))
+            setattr(view, name, handle)
 
 
 class _RememberingJavaClass(JavaClass):  # type: ignore[misc]  # py4j has no type hints
