@@ -49,6 +49,23 @@ def test_good_config_defaults() -> None:
     assert patterned.ddl.tables == {"crm.*": "ignore"}
 
 
+def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
+    """A source name may hold a dot itself (MySQL's `shop`.`orders.v2`; a schema `sales.eu`): history lists are not
+    limited to three parts, as `tables.include` is not."""
+    from cdclake.apply import TablePlan
+    from cdclake.sinks.history import is_selected
+
+    history = parse_config({**GOOD, "history": {"scd2": ["erp.sales.eu.orders.v2", "shop.*"]}}).history
+    assert history.scd2 == ["erp.sales.eu.orders.v2", "shop.*"]
+
+    def plan(database: str | None, schema: str | None, table: str) -> TablePlan:
+        return TablePlan(f"{database}.{schema}.{table}", database, schema, table, [("id", "int")], ["id"])
+
+    assert is_selected(history.scd2, plan("erp", "sales.eu", "orders.v2"))
+    assert is_selected(history.scd2, plan("shop", None, "orders.v2"))
+    assert not is_selected(history.scd2, plan("erp", "sales", "orders"))
+
+
 @pytest.mark.parametrize(
     ("data", "key", "fix"),
     [
@@ -75,6 +92,9 @@ def test_good_config_defaults() -> None:
         (_with(routes=[{"tables": [], "to": "x"}]), "routes.0.tables", "placeholders"),
         (_with(routes=[{"to": "x"}]), "routes.0.tables", "`tables`"),
         (_with(routes={"shop.*": "x"}), "routes", "a list of rules"),
+        (_with(history={"scd2": ["shop..orders"]}), "history.scd2", "names or patterns"),
+        (_with(history={"changelog": [" crm.customer"]}), "history.changelog", "names or patterns"),
+        (_with(history={"scd2": "crm.customer"}), "history.scd2", "`true` for every table"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:

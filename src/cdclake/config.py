@@ -273,10 +273,9 @@ class HistoryTablesConfig(_Strict):
             return value
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise ValueError("expected true, false or a list of table names")
-        for name in value:
-            if not name or any(not part for part in name.split(".")) or name.count(".") > 2:
-                raise ValueError(f"{name!r} is not a table name (db.table, db.schema.table or table)")
-        return value
+        # The names and patterns of `tables.include`, checked alike: a source name may itself hold a dot
+        # (`shop.orders.v2`), so the number of parts is not limited.
+        return _checked_patterns(value)
 
 
 class TransactionsConfig(_Strict):
