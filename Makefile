@@ -40,8 +40,8 @@ bench-quick: setup
 	$(PY) -m benchmarks --quick
 
 lint: setup
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/mypy src
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src benchmarks
 
 broker-start: setup
 	$(PY) -m cdclake.devtools.broker start

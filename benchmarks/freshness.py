@@ -140,8 +140,10 @@ def _stream(
                     lag.append(now - due)
 
                 def delivered(error: KafkaError | None, message: Message, line: int = index) -> None:
-                    if error is None:
-                        placed[line] = (message.partition(), message.offset())
+                    partition, offset = message.partition(), message.offset()
+                    # A delivered message always has both; the client's types allow None for unsent ones.
+                    if error is None and partition is not None and offset is not None:
+                        placed[line] = (partition, offset)
 
                 while True:
                     try:

@@ -40,7 +40,7 @@ def _position(number: int) -> str:
     return f"{number:0{POSITION_WIDTH}d}"
 
 
-def _tombstones(spark, first: int, count: int, tables: int, chunk: int) -> DataFrame:  # type: ignore[no-untyped-def]
+def _tombstones(spark: SparkSession, first: int, count: int, tables: int, chunk: int) -> DataFrame:
     """The tombstones numbered ``first`` .. ``first + count - 1`` (each ordered by its number) that fall in append
     ``chunk``: those whose number modulo ``APPENDS_PER_STEP`` is ``chunk``."""
     return (
@@ -57,7 +57,7 @@ def _tombstones(spark, first: int, count: int, tables: int, chunk: int) -> DataF
     )
 
 
-def _folded(spark, changes: int, tables: int, order: str) -> DataFrame:  # type: ignore[no-untyped-def]
+def _folded(spark: SparkSession, changes: int, tables: int, order: str) -> DataFrame:
     return (
         spark.range(changes)
         .select(
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     sink = DeltaSink(spark, str(lake))
     table_ids = [f"db\x1f\x1ft{i}" for i in range(args.tables)]
     newest = _position(sizes[-1] + 1)
-    batches = {
+    batches: dict[str, tuple[DataFrame, dict[str, str | None]]] = {
         "every tombstone": (_folded(spark, args.changes, args.tables, newest), dict.fromkeys(table_ids)),
         "in order": (_folded(spark, args.changes, args.tables, newest), dict.fromkeys(table_ids, newest)),
         "late": (_folded(spark, args.changes, args.tables, _position(0)), dict.fromkeys(table_ids, _position(0))),

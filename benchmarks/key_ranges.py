@@ -136,7 +136,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
             top += args.changes // 2
         figures = {way: (min(values), statistics.median(values)) for way, values in times.items()}
         path = sink.table_path(plan.database, plan.schema, plan.table)
-        table_mib = DeltaTable.forPath(spark, path).detail().first()["sizeInBytes"] / 2**20
+        detail = DeltaTable.forPath(spark, path).detail().first()
+        assert detail is not None
+        table_mib = detail["sizeInBytes"] / 2**20
         print(
             f"| {rows:,} | {table_mib:,.1f} | {figures['without'][0]:.2f} / {figures['without'][1]:.2f} | "
             f"{figures['with'][0]:.2f} / {figures['with'][1]:.2f} | "

@@ -56,7 +56,8 @@ class Sample:
 def sample(spark: SparkSession, batch: int, mean_batch_s: float) -> Sample:
     """The driver's state now, after a full garbage collection (what the heap still holds, and the classes still
     loaded: generated classes that left Spark's cache are unloaded by it)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
+    jvm = spark._jvm
+    assert jvm is not None, "the soak benchmark needs a classic (Py4J) session"
     jvm.java.lang.System.gc()
     runtime = jvm.java.lang.Runtime.getRuntime()
     management = jvm.java.lang.management.ManagementFactory
@@ -65,7 +66,7 @@ def sample(spark: SparkSession, batch: int, mean_batch_s: float) -> Sample:
         heap_mib=(runtime.totalMemory() - runtime.freeMemory()) / 2**20,
         classes=management.getClassLoadingMXBean().getLoadedClassCount(),
         compilations=jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount(),
-        stored_rdds=len(spark.sparkContext._jsc.getPersistentRDDs()),  # type: ignore[union-attr]
+        stored_rdds=len(spark.sparkContext._jsc.getPersistentRDDs()),
         python_rss_mib=python_rss() / 2**20,
         mean_batch_s=mean_batch_s,
     )
