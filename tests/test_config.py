@@ -52,14 +52,14 @@ def test_good_config_defaults() -> None:
 def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
     """A source name may hold a dot itself (MySQL's `shop`.`orders.v2`; a schema `sales.eu`): history lists are not
     limited to three parts, as `tables.include` is not."""
-    from cdclake.apply import TablePlan
+    from cdclake.apply import TablePlan, table_id_of
     from cdclake.sinks.history import is_selected
 
     history = parse_config({**GOOD, "history": {"scd2": ["erp.sales.eu.orders.v2", "shop.*"]}}).history
     assert history.scd2 == ["erp.sales.eu.orders.v2", "shop.*"]
 
     def plan(database: str | None, schema: str | None, table: str) -> TablePlan:
-        return TablePlan(f"{database}.{schema}.{table}", database, schema, table, [("id", "int")], ["id"])
+        return TablePlan(table_id_of(database, schema, table), database, schema, table, [("id", "int")], ["id"])
 
     assert is_selected(history.scd2, plan("erp", "sales.eu", "orders.v2"))
     assert is_selected(history.scd2, plan("shop", None, "orders.v2"))
