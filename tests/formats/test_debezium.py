@@ -152,3 +152,44 @@ def test_connect_schema_typed_and_as_variant_declare_the_same_columns(spark) -> 
         assert row["columns"] == expected
         assert row["after"] == {"id": "1", "amount": "199.90"}
         assert row["before"] == {"id": "1", "amount": "199.90", "gone": "5"}
+
+
+@pytest.mark.spark
+def test_inferred_types_follow_the_json_kind_of_each_value(spark) -> None:
+    """Schemaless images: a column's type comes from its JSON kind (after's value, else before's), read from the
+    VARIANT. ``120.0`` is a fraction although the VARIANT keeps it as DECIMAL(3,0); an integer beyond 64 bits stays
+    an integer (its value then does not fit: a dead letter); after's columns come first. The Debezium and the
+    Maxwell/OGG builders declare the same columns."""
+    from pyspark.sql import functions as F
+
+    from cdclake.formats._json_images import fields_columns, inferred_columns, inferred_fields, inferred_kinds
+
+    after = (
+        '{"a": 1, "b": 1.5, "c": 120.0, "d": "x", "e": true, "f": {"k": 1}, "g": [1], "h": null, '
+        '"i": 92233720368547758070, "j": 1e3, "k": 123456789012345678901234567890123456789012}'
+    )
+    before = '{"h": 5, "z": "only before"}'
+    image = "MAP<STRING, VARIANT>"
+    images = spark.createDataFrame([(after, before)], "a string, b string").select(
+        F.from_json("a", image).alias("after"), F.from_json("b", image).alias("before")
+    )
+    kinds = images.select(inferred_kinds(F.col("before"), F.col("after")).alias("kinds"))
+    direct = inferred_columns(F.col("kinds"))
+    row = kinds.select(direct.alias("direct"), fields_columns(inferred_fields(F.col("kinds"))).alias("fields")).first()
+    assert row is not None
+    declared = [(c["name"], c["vendor_type"], c["spark_type"]) for c in row["direct"]]
+    assert declared == [
+        ("a", "integer", "bigint"),
+        ("b", "number", "double"),
+        ("c", "number", "double"),
+        ("d", "string", "string"),
+        ("e", "boolean", "boolean"),
+        ("f", "object", "string"),
+        ("g", "array", "string"),
+        ("h", "integer", "bigint"),
+        ("i", "integer", "bigint"),
+        ("j", "number", "double"),
+        ("k", "number", "double"),
+        ("z", "string", "string"),
+    ]
+    assert [(c["name"], c["vendor_type"], c["spark_type"]) for c in row["fields"]] == declared

@@ -51,6 +51,7 @@ from cdclake.formats._json_images import (
     fields_errors,
     image_stages,
     inferred_fields,
+    inferred_kinds,
     schema_fields,
     texts,
     type_nulls_in_batch,
@@ -131,11 +132,6 @@ RAW_SCHEMA: Final = _raw_schema("VARIANT", CONNECT_SCHEMA)
 (CONNECT_SCHEMA)."""
 ANY_SCHEMA: Final = _raw_schema("VARIANT", "VARIANT")
 """:data:`RAW_SCHEMA` with the Connect schema as a VARIANT, for the messages whose schema RAW_SCHEMA cannot read."""
-KIND_SCHEMA: Final = (
-    "payload STRUCT<before: MAP<STRING, STRING>, after: MAP<STRING, STRING>>, "
-    "before MAP<STRING, STRING>, after MAP<STRING, STRING>"
-)
-"""The same images as JSON text: only to tell ``120.0`` (a fraction) from ``120`` when inferring types."""
 
 
 def _key_columns(key: Column) -> Column:
@@ -229,7 +225,8 @@ def _event_time(source: Column, fallback_ms: Column) -> Column:
 
 def parse(messages: DataFrame) -> DataFrame:
     """Raw messages + ``_m`` (parsed value), ``_schema_fields`` (the fields its Connect schema declares), ``_p`` (the
-    envelope: ``payload`` or the value itself) and ``_kinds`` (the images as JSON text, for type inference)."""
+    envelope: ``payload`` or the value itself) and ``_inferred_kinds`` (the images' JSON kinds, for type inference,
+    when the message declares no fields: ``_json_images.inferred_kinds``)."""
     options = {"columnNameOfCorruptRecord": "_corrupt_record"}
     text = F.col(MESSAGE_VALUE).cast("string")
     parsed = messages.withColumn("_typed", F.from_json(text, RAW_SCHEMA, options))
@@ -249,20 +246,19 @@ def parse(messages: DataFrame) -> DataFrame:
         .otherwise(variant_schema_fields(anything["schema"]))
         .alias("_schema_fields"),
     )
-    # The images' JSON text is only needed to infer types, i.e. when the message declares no fields: a message with
-    # its Connect schema is parsed once, not twice.
-    parsed = parsed.withColumn("_k", F.when(F.col("_schema_fields").isNull(), F.from_json(text, KIND_SCHEMA)))
-    m, kinds = F.col("_m"), F.col("_k")
+    m = F.col("_m")
     # debezium.md 1: "if the value has payload and schema keys use value.payload, else value".
     wrapped = m["payload"].isNotNull()
     payload = F.when(wrapped, m["payload"]).otherwise(F.struct(*(m[n].alias(n) for n, _ in _envelope("VARIANT"))))
-    kind_images = F.when(wrapped, kinds["payload"]).otherwise(F.struct(kinds["before"], kinds["after"]))
-    return parsed.select("*", payload.alias("_p"), kind_images.alias("_kinds"))
+    parsed = parsed.select("*", payload.alias("_p"))
+    p = F.col("_p")
+    # Types are inferred only for the messages that declare no fields.
+    kinds = F.when(F.col("_schema_fields").isNull(), inferred_kinds(p["before"], p["after"]))
+    return parsed.select("*", kinds.alias("_inferred_kinds"))
 
 
 def declared_or_inferred_fields() -> Column:
-    p = F.col("_p")
-    return F.coalesce(F.col("_schema_fields"), inferred_fields(p["before"], p["after"], F.col("_kinds")))
+    return F.coalesce(F.col("_schema_fields"), inferred_fields(F.col("_inferred_kinds")))
 
 
 # ----------------------------------------------------------------------------------------------------------------

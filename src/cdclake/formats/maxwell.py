@@ -8,9 +8,9 @@ Spec: ``shared/formats/maxwell-ogg.md`` section 1::
 
 Choices where the spec is silent:
 
-* Maxwell carries no column types: they are inferred from the JSON value kinds as for schemaless Debezium
-  (``_json_images.inferred_field``): integers -> ``bigint``, fractions -> ``double`` (canonical text keeps the exact
-  digits), strings -> ``string`` (DATETIME text, and BLOB base64 too: a binary column cannot be told from text
+* Maxwell carries no column types: they are inferred from the JSON value kinds
+  (``_json_images.inferred_image_stages``): integers -> ``bigint``, fractions -> ``double`` (canonical text keeps
+  the exact digits), strings -> ``string`` (DATETIME text, and BLOB base64 too: a binary column cannot be told from text
   without a catalog), booleans -> ``boolean``, SET arrays and JSON -> ``string`` holding JSON text.
 * A JSON null says nothing about the column's type: it takes the type the column has in the table's other messages
   of the batch, and a column NULL in all of them is left out (``_json_images.type_nulls_in_batch``), so that a
@@ -31,14 +31,7 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats import register
-from cdclake.formats._json_images import (
-    fields_columns,
-    fields_errors,
-    image_stages,
-    inferred_fields,
-    texts,
-    type_nulls_in_batch,
-)
+from cdclake.formats._json_images import inferred_image_stages, type_nulls_in_batch
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
 
@@ -49,7 +42,6 @@ RAW_SCHEMA: Final = """
     position STRING, gtid STRING, server_id BIGINT, primary_key_columns ARRAY<STRING>,
     data MAP<STRING, VARIANT>, old MAP<STRING, VARIANT>, `sql` STRING, _corrupt_record STRING
 """
-KIND_SCHEMA: Final = "data MAP<STRING, STRING>, old MAP<STRING, STRING>"
 
 DDL_TYPES: Final = tuple(f"{what}-{verb}" for what in ("database", "table") for verb in ("create", "alter", "drop"))
 
@@ -89,9 +81,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     del options  # the format has none
     text = F.col(MESSAGE_VALUE).cast("string")
     parsed = messages.select(
-        "*",
-        F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("_m"),
-        F.from_json(text, KIND_SCHEMA).alias("_k"),
+        "*", F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("_m")
     )
     m = F.col("_m")
     vendor_op = m["type"]
@@ -102,16 +92,8 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     # update is `data` overlaid with `old`. A delete's `data` is the row before deletion.
     before = _before(vendor_op, data, old)
     after = F.when(vendor_op != "delete", data)
-    kinds = F.struct(
-        _before(vendor_op, F.col("_k")["data"], F.col("_k")["old"]).alias("before"),
-        F.when(vendor_op != "delete", F.col("_k")["data"]).alias("after"),
-    )
     payload = F.struct(before.alias("before"), after.alias("after"))
-    staged = image_stages(
-        parsed.select("*", payload.alias("_p"), kinds.alias("_kinds")),
-        F.col("_p"),
-        inferred_fields(F.col("_p")["before"], F.col("_p")["after"], F.col("_kinds")),
-    )
+    staged = inferred_image_stages(parsed.select("*", payload.alias("_p")), F.col("_p"))
     position = _position(m["position"], m["xoffset"])
     is_ddl = op == Op.DDL.value
     error = first_error(
@@ -125,7 +107,6 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
             m["position"].isNotNull() & position.isNull(),
             F.format_string("position '%s' is not binlog-file:offset", m["position"]),
         ),
-        *fields_errors(is_row),
     )
     # maxwell-ogg.md 1: DML `ts` is in epoch seconds, DDL records' `ts` in milliseconds.
     event_time = F.when(is_ddl, F.timestamp_millis(m["ts"])).otherwise(F.timestamp_seconds(m["ts"]))
@@ -145,9 +126,9 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(~txn_end, m["database"]).alias(model.DATABASE),
         F.when(~txn_end, m["table"]).alias(model.TABLE),
         F.when(row, F.coalesce(m["primary_key_columns"], F.array().cast("array<string>"))).alias(model.KEY_COLUMNS),
-        F.when(row, texts(F.col("_before_pairs"))).alias(model.BEFORE),
-        F.when(row, texts(F.col("_after_pairs"))).alias(model.AFTER),
-        F.when(row, fields_columns(F.col("_fields"))).alias(model.COLUMNS),
+        F.when(row, F.col("_before_text")).alias(model.BEFORE),
+        F.when(row, F.col("_after_text")).alias(model.AFTER),
+        F.when(row, F.col("_columns")).alias(model.COLUMNS),
         position.alias(model.POSITION),
         event_time.alias(model.EVENT_TIME),
         F.when(~is_ddl, m["xid"]).alias(model.TXN_ID),

@@ -8,7 +8,7 @@ Spec: ``shared/formats/maxwell-ogg.md`` section 2::
 
 Choices where the spec is silent:
 
-* Column types are inferred from the JSON value kinds as for schemaless Debezium (``_json_images``): integers ->
+* Column types are inferred from the JSON value kinds (``_json_images.inferred_image_stages``): integers ->
   ``bigint``, fractions -> ``double`` (the canonical text keeps the exact digits), strings -> ``string`` (dates
   too, and every value with ``treatAllColumnsAsStrings``), booleans -> ``boolean``. An Oracle NUMBER column whose
   values are sometimes whole and sometimes fractional is therefore declared ``bigint`` by one message and
@@ -33,14 +33,7 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats import register
-from cdclake.formats._json_images import (
-    fields_columns,
-    fields_errors,
-    image_stages,
-    inferred_fields,
-    texts,
-    type_nulls_in_batch,
-)
+from cdclake.formats._json_images import inferred_image_stages, type_nulls_in_batch
 from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
 from cdclake.model import Op
 
@@ -51,7 +44,6 @@ RAW_SCHEMA: Final = """
     tokens MAP<STRING, STRING>, before MAP<STRING, VARIANT>, after MAP<STRING, VARIANT>, csn STRING, xid STRING,
     _corrupt_record STRING
 """
-KIND_SCHEMA: Final = "before MAP<STRING, STRING>, after MAP<STRING, STRING>"
 
 # maxwell-ogg.md 2: I/U/D/T; the letters are configurable at the source (insertOpKey, updateOpKey, ...).
 OPERATIONS: Final = {"I": Op.INSERT, "U": Op.UPDATE, "D": Op.DELETE, "T": Op.TRUNCATE}
@@ -103,9 +95,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     }
     text = F.col(MESSAGE_VALUE).cast("string")
     parsed = messages.select(
-        "*",
-        F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("_m"),
-        F.from_json(text, KIND_SCHEMA).alias("_k"),
+        "*", F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("_m")
     )
     m = F.col("_m")
     payload = F.struct(_present(m["before"]).alias("before"), _present(m["after"]).alias("after"))
@@ -113,11 +103,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     p = F.col("_p")
     vendor_op = m["op_type"]
     op = op_from_code(vendor_op, letters)
-    staged = image_stages(
-        staged.select("*", F.col("_k").alias("_kinds")),
-        p,
-        inferred_fields(p["before"], p["after"], F.col("_kinds")),
-    )
+    staged = inferred_image_stages(staged, p)
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
     parts = F.split(m["table"], r"\.")
     three = F.size(parts) == 3
@@ -144,11 +130,11 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         schema.alias(model.SCHEMA),
         table.alias(model.TABLE),
         F.when(is_row, F.coalesce(m["primary_keys"], F.array().cast("array<string>"))).alias(model.KEY_COLUMNS),
-        F.when(is_row, texts(F.col("_before_pairs"))).alias(model.BEFORE),
-        F.when(is_row & (op != Op.DELETE.value), texts(F.col("_after_pairs"))).alias(model.AFTER),
+        F.when(is_row, F.col("_before_text")).alias(model.BEFORE),
+        F.when(is_row & (op != Op.DELETE.value), F.col("_after_text")).alias(model.AFTER),
         # maxwell-ogg.md 2 "Compressed updates": absent columns are unknown, not NULL.
         (is_update & m["after"].isNotNull()).alias(model.AFTER_IS_PARTIAL),
-        F.when(is_row, fields_columns(F.col("_fields"))).alias(model.COLUMNS),
+        F.when(is_row, F.col("_columns")).alias(model.COLUMNS),
         position.alias(model.POSITION),
         event_time.alias(model.EVENT_TIME),
         m["xid"].alias(model.TXN_ID),
@@ -172,7 +158,6 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         ((op == Op.INSERT.value) & F.col("_p")["after"].isNull(), "insert without an after image"),
         ((op == Op.UPDATE.value) & F.col("_p")["after"].isNull(), "update without an after image"),
         ((op == Op.DELETE.value) & F.col("_p")["before"].isNull(), "delete without a before image"),
-        *fields_errors(is_row),
     )
     return finish(decoded, NAME, error)
 
