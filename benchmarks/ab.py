@@ -74,6 +74,11 @@ def _plans_per_batch(_: Any) -> Iterator[None]:
             "decode_with_definitions_reusing_plan",
             lambda decode, messages, options, known: decode(messages, options, known),
         ),
+        mock.patch.object(
+            _plans,
+            "decode_with_batch_inputs_reusing_plan",
+            lambda decode, messages, options, known, inputs: decode(messages, options, known, inputs),
+        ),
     ):
         yield
 

@@ -7,7 +7,7 @@ from functools import reduce
 import pytest
 from pyspark.sql import DataFrame
 
-from cdclake.formats import _plans, decode_batch, decode_batch_with_metadata, get_format, list_formats
+from cdclake.formats import _plans, decode_batch, decode_batch_with_metadata, get_format, list_formats, qlik_avro
 from cdclake.formats.base import collect_metadata
 from tests.formats.golden import CASES, canonical_rows_by_topic, read_jsonl, scenarios, topics_frame
 
@@ -32,9 +32,34 @@ def _halves(spark, format_name: str) -> tuple[DataFrame, DataFrame]:  # type: ig
     )
 
 
-def test_every_format_but_qlik_avro_reuses_its_plan() -> None:
-    # Qlik Avro's decoder picks the data schemas of the batch's messages while it builds its plan: never reused.
+def test_every_format_but_qlik_avro_reuses_its_plan_per_options_and_definitions() -> None:
+    # Qlik Avro's plan also depends on the data schemas its messages name: see the next test.
     assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-avro"}
+
+
+def test_qlik_avro_reuses_its_plan_per_data_schemas_of_the_batch(spark) -> None:
+    """Qlik Avro plans one ``from_avro`` per data schema its DT messages name, collected from the batch first:
+    batches naming the same schemas share a template and decode as the plan built for each of them does; a batch
+    naming other schemas (or with MD messages of other schema texts) builds another."""
+    _plans.clear()
+    fmt = get_format("qlik-avro")
+    assert fmt.metadata is not None
+    metadata = topics_frame(spark, {"metadata": read_jsonl(CASES / "qlik-avro" / "metadata.input.jsonl")})
+    known = collect_metadata(fmt.metadata.extract(metadata, {}))
+    assert known, "the metadata case defines its tables"
+    one_schema = ["insert", "update", "delete", "snapshot"]  # DT messages of one schemaId, defined in `known`
+    batches = [topics_frame(spark, {s: read_jsonl(CASES / "qlik-avro" / f"{s}.input.jsonl")}) for s in one_schema]
+    assert len({qlik_avro._batch_inputs(batch) for batch in batches}) == 1
+    for batch in batches:
+        reused = decode_batch_with_metadata(fmt, batch, {}, known)
+        built = qlik_avro._decode_with_inputs(batch, {}, known, qlik_avro._batch_inputs(batch))
+        assert canonical_rows_by_topic(reused) == canonical_rows_by_topic(built)
+        assert not any(row["error"] for rows in canonical_rows_by_topic(reused).values() for row in rows)
+    assert len(_plans._templates) == 1
+    reused = decode_batch_with_metadata(fmt, metadata, {}, known)
+    built = qlik_avro._decode_with_inputs(metadata, {}, known, qlik_avro._batch_inputs(metadata))
+    assert canonical_rows_by_topic(reused) == canonical_rows_by_topic(built)
+    assert len(_plans._templates) == 2
 
 
 def test_a_plan_built_from_definitions_is_reused_while_they_stay_the_same(spark) -> None:

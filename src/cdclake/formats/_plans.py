@@ -15,9 +15,11 @@ The reuse is keyed by everything analysis reads: the decoder, its options, the m
 its SQL configuration (the session time zone and ANSI mode are baked into analysed expressions). A decoder of table
 definitions sent in other messages (``MetadataSupport``) builds its plan from the definitions known so far: they
 are part of the key (:func:`decode_with_definitions_reusing_plan`), so a stream whose tables are all defined
-reuses one plan, and a new definition builds the next. A ``decode`` that looks at the batch's data to build its plan
-(Qlik Avro picks the data schemas of the batch's messages) is never reused. If the template cannot be replaced (a
-decoder that does not read its input), the batch is decoded as it would be without reuse.
+reuses one plan, and a new definition builds the next. A decoder whose plan also depends on the batch's data (Qlik
+Avro runs one ``from_avro`` per data schema its messages name) collects that first, in one small job, and it joins
+the key (:func:`decode_with_batch_inputs_reusing_plan`): batches naming the same schemas share a plan. If the
+template cannot be replaced (a decoder that does not read its input), the batch is decoded as it would be without
+reuse.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -37,6 +39,8 @@ _VOLATILE_SETTING: Final = "spark.databricks.delta.lastCommitVersionInSession"
 """A setting of the session configuration that changes while a pipeline runs and that no decoder's plan reads: left
 out of the key. Delta records the version of each commit there, so every batch would build its template again."""
 
+Inputs = TypeVar("Inputs", bound=Hashable)
+"""What a decoder collected from a batch to build its plan (part of the plan's key)."""
 DecodeFn = Callable[[DataFrame, Mapping[str, str]], DataFrame]
 Path = tuple[int, ...]
 """Child indexes from a plan's root to one occurrence of the template relation."""
@@ -45,8 +49,9 @@ Path = tuple[int, ...]
 @dataclass(frozen=True)
 class _Template:
     plan: Any  # the decoder's analysed logical plan over the template relation (JVM object)
-    relation: Any  # the empty template relation (JVM LocalRelation)
+    relation: Any  # the empty template relation (JVM LogicalRDD)
     paths: tuple[Path, ...]  # where the relation occurs in ``plan``
+    outputs: tuple[Any, ...]  # per path, that occurrence's output attributes (JVM Seq)
 
 
 _templates: OrderedDict[tuple[Any, ...], _Template | None] = OrderedDict()
@@ -70,6 +75,25 @@ def decode_with_definitions_reusing_plan(
     return _reusing(
         (decode, tuple(sorted(options.items())), definitions),
         lambda m: decode(m, options, definitions),
+        messages,
+    )
+
+
+def decode_with_batch_inputs_reusing_plan(
+    decode: Callable[[DataFrame, Mapping[str, str], Sequence[Any], Inputs], DataFrame],
+    messages: DataFrame,
+    options: Mapping[str, str],
+    known: Sequence[Hashable],
+    inputs: Inputs,
+) -> DataFrame:
+    """``decode(messages, options, known, inputs)``: a ``MetadataSupport`` decode whose plan also depends on
+    ``inputs``, what was collected from ``messages`` beforehand; its plan is built once for these options,
+    definitions and inputs and reused. The template never sees the batch's data: ``decode`` must read it only
+    through ``inputs``."""
+    definitions = tuple(known)
+    return _reusing(
+        (decode, tuple(sorted(options.items())), definitions, inputs),
+        lambda m: decode(m, options, definitions, inputs),
         messages,
     )
 
@@ -116,17 +140,24 @@ def _template(spark: SparkSession, decode: Callable[[DataFrame], DataFrame], mes
     empty = spark.createDataFrame([], messages.schema)
     relation = empty._jdf.queryExecution().analyzed()
     plan = decode(empty)._jdf.queryExecution().analyzed()
-    paths = tuple(_paths(plan, relation, ()))
-    return _Template(plan, relation, paths) if paths else None
+    occurrences = _occurrences(plan, relation, ())
+    if not occurrences:
+        return None
+    return _Template(plan, relation, tuple(p for p, _ in occurrences), tuple(o for _, o in occurrences))
 
 
-def _paths(node: Any, relation: Any, path: Path) -> list[Path]:
+def _occurrences(node: Any, relation: Any, path: Path) -> list[tuple[Path, Any]]:
+    """Where ``relation`` occurs in ``node``, with the output of each occurrence. A decoder that unions parts of
+    its input has the relation several times: the analyser gives each repeat new attribute ids (deduplicated
+    relations), so a repeat is recognised as the same leaf producing the same result, not as an equal node."""
     if node.equals(relation):
-        return [path]
+        return [(path, relation.output())]
     children = node.children()
-    found: list[Path] = []
+    if children.size() == 0:
+        return [(path, node.output())] if node.sameResult(relation) else []
+    found: list[tuple[Path, Any]] = []
     for index in range(children.size()):
-        found += _paths(children.apply(index), relation, (*path, index))
+        found += _occurrences(children.apply(index), relation, (*path, index))
     return found
 
 
@@ -134,37 +165,41 @@ def _instantiate(spark: SparkSession, template: _Template, messages: DataFrame) 
     jvm = spark._jvm
     assert jvm is not None
     batch = messages._jdf.queryExecution().analyzed()
-    batch_columns, template_columns = batch.output(), template.relation.output()
+    batch_columns = batch.output()
     expressions = jvm.org.apache.spark.sql.catalyst.expressions
     nothing = getattr(jvm.scala.collection.immutable, "Nil$").__getattr__("MODULE$")
-    renamed = [
-        # Alias(child, name)(exprId, qualifier, explicitMetadata, nonInheritableMetadataKeys): the batch's column
-        # under the template column's id, which the decoder's expressions refer to.
-        expressions.Alias(
-            batch_columns.apply(i),
-            template_columns.apply(i).name(),
-            template_columns.apply(i).exprId(),
-            nothing,
-            jvm.scala.Option.empty(),
-            nothing,
-        )
-        for i in range(template_columns.size())
-    ]
-    source = jvm.org.apache.spark.sql.catalyst.plans.logical.Project(_seq(jvm, renamed), batch)
-    plan = _replace(jvm, template.plan, template.paths, source)
+
+    def source(occurrence: Any) -> Any:
+        renamed = [
+            # Alias(child, name)(exprId, qualifier, explicitMetadata, nonInheritableMetadataKeys): the batch's
+            # column under the id of the occurrence's column, which the decoder's expressions refer to.
+            expressions.Alias(
+                batch_columns.apply(i),
+                occurrence.apply(i).name(),
+                occurrence.apply(i).exprId(),
+                nothing,
+                jvm.scala.Option.empty(),
+                nothing,
+            )
+            for i in range(occurrence.size())
+        ]
+        return jvm.org.apache.spark.sql.catalyst.plans.logical.Project(_seq(jvm, renamed), batch)
+
+    sources = [(path, source(output)) for path, output in zip(template.paths, template.outputs, strict=True)]
+    plan = _replace(jvm, template.plan, sources)
     return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan), spark)
 
 
-def _replace(jvm: Any, node: Any, paths: tuple[Path, ...], source: Any) -> Any:
-    """``node`` with ``source`` at the end of each of ``paths`` (copies of the nodes on the way, the rest shared)."""
-    if paths == ((),):
-        return source
+def _replace(jvm: Any, node: Any, sources: list[tuple[Path, Any]]) -> Any:
+    """``node`` with each source at the end of its path (copies of the nodes on the way, the rest shared)."""
+    if len(sources) == 1 and sources[0][0] == ():
+        return sources[0][1]
     children = node.children()
     replaced = []
     for index in range(children.size()):
-        below = tuple(path[1:] for path in paths if path[0] == index)
+        below = [(path[1:], source) for path, source in sources if path[0] == index]
         child = children.apply(index)
-        replaced.append(_replace(jvm, child, below, source) if below else child)
+        replaced.append(_replace(jvm, child, below) if below else child)
     return node.withNewChildren(_seq(jvm, replaced))
 
 

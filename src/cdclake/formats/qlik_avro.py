@@ -11,10 +11,11 @@ fixed(5) ``atMSG``, ``type``, ``headers``, ``messageSchemaId``, ``messageSchema`
   of later batches and runs can be decoded.
 * **DT messages**: ``message`` is the data record, written with the ``dataSchema`` of the MD message whose schemaId
   is the envelope's ``messageSchemaId`` (qlik.md 1: consumers must cache MD messages first). ``from_avro`` needs
-  the schema when the query is planned: the distinct ids of the batch are collected on the driver, and each message
-  runs the ``from_avro`` of its own id (all ids in one pass; see ``_dt_events``). A DT whose schema is unknown is a dead
-  letter naming its ``messageSchemaId`` (its MD was never read; replay it after the MD). With a null
-  ``messageSchemaId``: the latest MD of the table named by the options ``database``/``table``.
+  the schema when the query is planned: the distinct ids of the batch (with the MD envelopes' schema texts, one
+  small job) are collected on the driver, and each message runs the ``from_avro`` of its own id (all ids in one pass;
+  see ``_dt_events``); later batches naming the same schemas reuse the plan (``formats._plans``). A DT whose schema
+  is unknown is a dead letter naming its ``messageSchemaId`` (its MD was never read; replay it after the MD). With a
+  null ``messageSchemaId``: the latest MD of the table named by the options ``database``/``table``.
 * **Overrides** (format options, they win over MD messages): ``data_schemas`` = a JSON object
   ``{"<schemaId>": "<dataSchema JSON text>", ...}``, ``data_schema`` = one dataSchema for every DT message.
 
@@ -44,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
 from cdclake import model
-from cdclake.formats import register
+from cdclake.formats import _plans, register
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
     MESSAGE_VALUE,
@@ -248,12 +249,16 @@ def _envelopes(messages: DataFrame) -> DataFrame:
     return _stage(parsed, _envelope_ok=F.coalesce(envelope_ok, F.lit(False)))
 
 
-def _md_records(envelopes: DataFrame) -> DataFrame:
+def _md_envelopes(envelopes: DataFrame) -> DataFrame:
+    return envelopes.where(F.col("_envelope_ok") & (F.col("_e")["type"] == "MD"))
+
+
+def _md_records(envelopes: DataFrame, texts: Sequence[str]) -> DataFrame:
     """The MD envelopes with ``_definition``: their metadata record as JSON text, decoded with the envelope's own
-    ``messageSchema`` (null when that schema is missing or cannot decode it)."""
+    ``messageSchema`` (null when that schema is missing or cannot decode it). ``texts``: every ``messageSchema`` of
+    these MD envelopes (see :class:`_BatchInputs`)."""
     e = F.col("_e")
-    md = envelopes.where(F.col("_envelope_ok") & (e["type"] == "MD"))
-    texts = sorted({row[0] for row in md.select(e["messageSchema"]).distinct().collect() if row[0] is not None})
+    md = _md_envelopes(envelopes)
     parts = [md.where(e["messageSchema"].isNull()).withColumn("_definition", F.lit(None).cast("string"))]
     for text in texts:
         branch = md.where(e["messageSchema"] == F.lit(text))
@@ -268,9 +273,11 @@ def _md_records(envelopes: DataFrame) -> DataFrame:
 def extract_metadata(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """The MD messages of a batch as metadata rows (``base.METADATA_SCHEMA``); the definition is the metadata
     record as JSON (the same shape as a qlik-json MD ``message``)."""
-    candidates = messages.where(F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX)) == F.lit(MD_PREFIX))
+    candidates = _envelopes(messages.where(F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX)) == F.lit(MD_PREFIX)))
+    schema = _md_envelopes(candidates).select(F.col("_e")["messageSchema"]).distinct()
+    texts = sorted(row[0] for row in schema.collect() if row[0] is not None)
     definition = F.col("_definition")
-    return _md_records(_envelopes(candidates)).select(
+    return _md_records(candidates, texts).select(
         F.lit(NAME).alias("format"),
         F.upper(F.get_json_object(definition, "$.schemaId")).alias("schema_id"),
         F.get_json_object(definition, "$.lineage.schema").alias("database"),
@@ -284,12 +291,12 @@ def extract_metadata(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
 
 
-def _md_events(envelopes: DataFrame, tables: Sequence[QlikTable]) -> DataFrame:
+def _md_events(envelopes: DataFrame, texts: Sequence[str], tables: Sequence[QlikTable]) -> DataFrame:
     """MD messages -> DDL events declaring the columns and key of their MD (looked up by their own schemaId)."""
     definition = F.col("_definition")
     schema_id = F.upper(F.get_json_object(definition, "$.schemaId"))
     table = F.get_json_object(definition, "$.lineage.table")
-    md = join_metadata(_md_records(envelopes), tables, schema_id, F.lit(None), F.lit(None), "_q_")
+    md = join_metadata(_md_records(envelopes, texts), tables, schema_id, F.lit(None), F.lit(None), "_q_")
     declared = F.transform(
         F.col("_q_columns"),
         lambda c: F.struct(
@@ -664,9 +671,42 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     return decode_with_metadata(messages, options, collect_metadata(extract_metadata(messages, options)))
 
 
+@dataclass(frozen=True)
+class _BatchInputs:
+    """What the decoder's plan reads from a batch's messages (their Avro schemas are needed to plan ``from_avro``):
+    the batch's plan is built once per options, definitions and inputs, and reused (``formats._plans``)."""
+
+    md_schemas: tuple[str, ...]
+    """Every ``messageSchema`` text of the batch's MD envelopes, sorted."""
+    schema_ids: tuple[str | None, ...]
+    """Every upper-cased ``messageSchemaId`` of the batch's DT envelopes, sorted, the null id (if any) last."""
+
+
+def _batch_inputs(messages: DataFrame) -> _BatchInputs:
+    """The batch's :class:`_BatchInputs`, in one Spark job over its MD and DT envelopes."""
+    e = F.col("_e")
+    head = F.substring(F.col(MESSAGE_VALUE), 1, len(MD_PREFIX))
+    envelopes = _envelopes(messages.where(head.isin(MD_PREFIX, DT_PREFIX))).where(F.col("_envelope_ok"))
+    named = F.when(e["type"] == "MD", e["messageSchema"]).otherwise(F.upper(e["messageSchemaId"]))
+    rows = envelopes.select(e["type"], named).distinct().collect()
+    md_schemas = sorted(name for kind, name in rows if kind == "MD" and name is not None)
+    schema_ids = sorted((name for kind, name in rows if kind == "DT"), key=lambda i: (i is None, i or ""))
+    return _BatchInputs(tuple(md_schemas), tuple(schema_ids))
+
+
 def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Sequence[TableMetadata]) -> DataFrame:
     """Qlik Avro envelopes -> canonical events (one per message, two for a transaction's last event); DT messages
     are decoded with the dataSchema of their MD message among ``known`` (or an override option)."""
+    return _plans.decode_with_batch_inputs_reusing_plan(
+        _decode_with_inputs, messages, options, known, _batch_inputs(messages)
+    )
+
+
+def _decode_with_inputs(
+    messages: DataFrame, options: FormatOptions, known: Sequence[TableMetadata], inputs: _BatchInputs
+) -> DataFrame:
+    """:func:`decode_with_metadata` with the batch's :class:`_BatchInputs` collected (the messages are not read
+    while the plan is built)."""
     overrides = _schemas(options)
     tables = parse_definitions(known, NAME)
     by_id = {t.schema_id.upper(): t for t in tables if t.problem is None}
@@ -691,12 +731,11 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
             vendor_op=F.when(F.col("_envelope_ok"), e["type"]),
             sub_index=F.lit(0),
         ),
-        _md_events(md_envelopes, [_as_decoded(t) for t in tables]),
+        _md_events(md_envelopes, inputs.md_schemas, [_as_decoded(t) for t in tables]),
     ]
     data = _stage(dt_envelopes.where(ok), _sid=F.upper(e["messageSchemaId"]))
     # Ids first, the null id (if any) last: see _dt_events.
-    batch_ids = sorted(data.select("_sid").distinct().collect(), key=lambda r: (r[0] is None, r[0] or ""))
-    schemas = [_data_schema(row[0], by_id, latest, overrides, options) for row in batch_ids]
+    schemas = [_data_schema(schema_id, by_id, latest, overrides, options) for schema_id in inputs.schema_ids]
     if schemas:
         parts.append(_dt_events(data, schemas, options))
     return finish(reduce(DataFrame.unionByName, parts), NAME, F.col(_ERROR))
