@@ -323,39 +323,40 @@ def _json_kind(kind: Column, describe: Callable[[str, str], Column]) -> Column:
     )
 
 
+def _described_kinds(kinds: Column, describe: Callable[[Column, str, str], Column]) -> Column:
+    """``describe(column name, vendor type, Connect type)`` of each column of the staged :func:`inferred_kinds`."""
+    return F.zip_with(
+        F.map_keys(kinds),
+        F.map_values(kinds),
+        lambda name, kind: _json_kind(kind, lambda vendor, connect: describe(name, vendor, connect)),
+    )
+
+
 def inferred_fields(kinds: Column) -> Column:
     """Connect-style field descriptions (``struct<field, type, name, parameters>``, the vendor type in ``name``)
     of the staged :func:`inferred_kinds` ``kinds``."""
-
-    def field(name: Column, kind: Column) -> Column:
-        return _json_kind(
-            kind,
-            lambda vendor, connect: F.struct(
-                name.alias("field"),
-                F.lit(connect).alias("type"),
-                F.lit(vendor).alias("name"),
-                F.create_map().cast("map<string,string>").alias("parameters"),
-            ),
-        )
-
-    return F.zip_with(F.map_keys(kinds), F.map_values(kinds), field)
+    return _described_kinds(
+        kinds,
+        lambda name, vendor, connect: F.struct(
+            name.alias("field"),
+            F.lit(connect).alias("type"),
+            F.lit(vendor).alias("name"),
+            F.create_map().cast("map<string,string>").alias("parameters"),
+        ),
+    )
 
 
 def inferred_columns(kinds: Column) -> Column:
     """The canonical ``columns`` of the staged :func:`inferred_kinds` ``kinds``: the same as
     :func:`fields_columns` of :func:`inferred_fields`, built directly."""
-
-    def column(name: Column, kind: Column) -> Column:
-        return _json_kind(
-            kind,
-            lambda vendor, connect: F.struct(
-                name.alias("name"),
-                F.lit(vendor).alias("vendor_type"),
-                F.lit(CONNECT_TYPES[connect]).alias("spark_type"),
-            ),
-        )
-
-    return F.zip_with(F.map_keys(kinds), F.map_values(kinds), column)
+    return _described_kinds(
+        kinds,
+        lambda name, vendor, connect: F.struct(
+            name.alias("name"),
+            F.lit(vendor).alias("vendor_type"),
+            F.lit(CONNECT_TYPES[connect]).alias("spark_type"),
+        ),
+    )
 
 
 def inferred_image_stages(df: DataFrame, payload: Column) -> DataFrame:
