@@ -133,3 +133,14 @@ def test_expiry_forgets_only_tombstones_older_than_the_retention(spark, tmp_path
     # Key 1 was recorded more than 7 s ago; key 2 just now (a 6 s margin for a slow machine between the two calls).
     sink.expire_tombstones(6)
     assert keys() == {json.dumps([2])}
+
+    # A table whose first commit file Delta's log clean-up removed (after a checkpoint): its age is unknown, so the
+    # DELETE runs (retention 0: every tombstone was recorded before it).
+    path = sink.system_path(sink.TOMBSTONES)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1')")
+    _write_tombstones(spark, sink, [(table, json.dumps([3]), "000003/1")])
+    first_commit = Path(path) / "_delta_log" / f"{0:020d}.json"
+    assert list(first_commit.parent.glob("*.checkpoint.parquet"))
+    first_commit.unlink()
+    sink.expire_tombstones(0)
+    assert keys() == set()
