@@ -1079,8 +1079,8 @@ class DeltaSink:
         Nothing to forget while the table itself is younger than the retention (each tombstone is recorded at its
         append, after the table's creation), so the DELETE is skipped: a new pipeline expires on its first batch (and
         every ``cdclake replay`` on its first), and the DELETE's planning and file-skipping query took 0.23-0.42 s
-        there. The table's age is that of its first commit file, one file-system call; ``DESCRIBE DETAIL``'s
-        ``createdAt`` took 0.4-0.8 s per call on a busy 2-core machine."""
+        there. The table's age is that of its first commit file: one file-system call, 0.006 s, where reading
+        ``DESCRIBE DETAIL``'s ``createdAt`` took 0.18 s on a warm, idle 2-core machine (median of 10)."""
         path = self.system_path(self.TOMBSTONES)
         created_ms = self._created_at_ms(path)
         if created_ms is None and not self._exists(path):
