@@ -887,10 +887,7 @@ class DeltaSink:
 
     def system_tables(self) -> list[str]:
         """Paths of the bookkeeping tables under ``<lake>/_cdclake`` (every direct child that is a Delta table)."""
-        jvm = self.spark._jvm
-        assert jvm is not None
-        folder = jvm.org.apache.hadoop.fs.Path(self.system_dir)
-        fs = folder.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        folder, fs = self._hadoop_path(self.system_dir)
         if not fs.exists(folder):
             return []
         children = sorted(str(status.getPath().getName()) for status in fs.listStatus(folder) if status.isDirectory())
@@ -1094,13 +1091,17 @@ class DeltaSink:
         """When the Delta table at ``path`` was created, in epoch milliseconds: the modification time of its first
         commit file (written once, when the table was created). None when there is no such file: no table, or an
         old one whose first commits Delta's log clean-up removed."""
-        jvm = self.spark._jvm
-        assert jvm is not None
-        first_commit = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log/{0:020d}.json")
-        fs = first_commit.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        first_commit, fs = self._hadoop_path(f"{path}/_delta_log/{0:020d}.json")
         if not fs.exists(first_commit):
             return None
         return int(fs.getFileStatus(first_commit).getModificationTime())
+
+    def _hadoop_path(self, location: str) -> tuple[Any, Any]:
+        """``location`` as a Hadoop ``Path`` and the ``FileSystem`` that holds it (any URI the lake may use)."""
+        jvm = self.spark._jvm
+        assert jvm is not None
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        return path, path.getFileSystem(self.spark._jsc.hadoopConfiguration())
 
     # ---------------------------------------------------------------------------------------------------------
     # Reading back (status, tests)
