@@ -349,7 +349,9 @@ class HistorySink:
         if cached is not None and not _missing(cached, wanted) and not self._to_retype(path, cached, wanted):
             return cached
         schema = self.sink.table_schema(path)
-        if schema is None:
+        if schema is not None:
+            self.sink.compact_if_crowded(path)
+        else:
             plan = item.plan
             types = {name.lower(): spark_type for name, spark_type in item.columns}
             # Delta keeps no min/max statistics for binary or boolean columns.
