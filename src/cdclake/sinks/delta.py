@@ -61,29 +61,10 @@ METADATA_COLUMNS: Final = (
 TABLE_PROPERTIES: Final = {
     # The compaction policy. Every micro-batch adds small files (a MERGE rewrites only the files it touches, an append
     # adds one per task), and every later MERGE or read pays for each file. Delta's auto compaction bin-packs a
-    # table's small files right after the commit that brings them to 50 (spark.databricks.delta.autoCompact.*), in
-    # the mode SESSION_SETTINGS chooses.
+    # table's small files right after the commit that brings them to 50 (spark.databricks.delta.autoCompact.*).
     "delta.autoOptimize.autoCompact": "true",
 }
 """Properties of every table cdclake creates (lake tables, history tables, bookkeeping tables)."""
-
-SESSION_SETTINGS: Final = {
-    # Auto compaction by the count of small files only. In its default mode (modified partitions only), Delta 4.4
-    # also compacts a table on the first commit that adds files to it in each process: it keeps which tables it has
-    # compacted in memory, and one it has not is due ("hasSufficientSmallFilesOrHasNotBeenCompacted"). So the first
-    # MERGE or append into every new table, and into every table after a restart, planned an OPTIMIZE (a log replay
-    # and a file listing, two Spark jobs) to find one or two files: measured on 2 cores, warm, 1.50 s for the first
-    # append of a one-file table against 0.54 s without, a first MERGE of 40 rows 2.43 s against 1.38 s; 3-table
-    # DataWorks replays, interleaved, first batch 12.3 -> 10.5 s (median of 3), later batches unchanged. In this
-    # mode a table is compacted once the commits of this process have brought its small files to 50.
-    "spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false",
-}
-"""Runtime settings of the session that the tables' properties rely on, set by every :class:`DeltaSink`."""
-
-_COMPACTION_CHECKED: set[str] = set()
-"""Paths of the tables that a sink of this process created or looked at for small files (``compact_if_crowded``):
-per process, as auto compaction counts the files that the process's commits add. Sinks of a lake come and go (a
-replay, a ``dlq replay``, a test's pipelines); each table is looked at once."""
 
 DeletionVectors = Literal["auto", "always", "never"]
 """When lake and history tables use Delta deletion vectors (:class:`DeltaSink`): ``auto`` once their MERGEs rewrite
@@ -422,8 +403,6 @@ class DeltaSink:
         if deletion_vectors not in DELETION_VECTOR_MODES:
             raise ValueError(f"deletion_vectors must be one of {', '.join(DELETION_VECTOR_MODES)}")
         self.spark = spark
-        for key, value in SESSION_SETTINGS.items():
-            spark.conf.set(key, value)
         self.lake = lake.rstrip("/")
         self.system_dir = f"{self.lake}/_cdclake"
         self.deletion_vectors = deletion_vectors
@@ -477,7 +456,6 @@ class DeltaSink:
 
     def append(self, name: str, rows: DataFrame, txn: Txn | None) -> None:
         """Appends to a bookkeeping table under ``_cdclake`` (created on first use), once per ``txn``."""
-        self._compact_delta_if_crowded(self.system_path(name))
         writer = rows.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
         if txn is not None:
             writer = writer.option("txnAppId", f"{txn.app_id}").option("txnVersion", txn.version)
@@ -496,7 +474,6 @@ class DeltaSink:
         with ``rows``, once per ``txn``: every row of partition value ``partition[1]`` goes, except those whose
         integer column ``keep[0]`` equals ``keep[1]``; every row of ``rows`` must be in that partition and must not
         have that ``keep`` value. One commit, so readers see the old or the new rows, never a mix."""
-        self._compact_delta_if_crowded(self.system_path(name))
         column, value = partition
         condition = f"{quote(column)} = {sql_string(value)}"
         if keep is not None:
@@ -513,46 +490,6 @@ class DeltaSink:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
         writer.save(self.system_path(name))
 
-    def compact_if_crowded(self, path: str) -> None:
-        """Before this sink first writes to the table at ``path``: bin-packs its small files (``OPTIMIZE``) when it has
-        as many files as Delta's auto compaction waits for (``spark.databricks.delta.autoCompact.minNumFiles``, 50),
-        smaller on average than the files auto compaction leaves alone (half its ``maxFileSize``, 64 MiB).
-
-        Auto compaction (:data:`SESSION_SETTINGS`) counts only the small files that this process's commits add. This
-        is for those that earlier processes left: a lake written by scheduled ``available_now`` runs that each add a
-        file or two to a table, or by one ``cdclake replay`` per captured file. Once per table and process: a
-        ``DESCRIBE DETAIL`` (about 0.2 s) of each table that existed before (none for a table the sink creates).
-        Outside a batch's commit marker (Delta's OPTIMIZE would not carry it anyway)."""
-        self._compact_delta_if_crowded(path)
-
-    def _compact_delta_if_crowded(self, path: str) -> None:
-        """:meth:`compact_if_crowded` for a Delta table (a bookkeeping table, whatever the lake's table format)."""
-        if path in _COMPACTION_CHECKED:
-            return
-        _COMPACTION_CHECKED.add(path)
-        if not self._exists(path):
-            return  # created by the write about to happen
-        detail = DeltaTable.forPath(self.spark, path).detail().select("numFiles", "sizeInBytes").first()
-        files, size = (int(detail[0] or 0), int(detail[1] or 0)) if detail is not None else (0, 0)
-        enough = self._setting("spark.databricks.delta.autoCompact.minNumFiles", 50)
-        small = self._setting("spark.databricks.delta.autoCompact.maxFileSize", 128 * 1024 * 1024) // 2
-        if files < enough or size >= files * small:
-            return
-        log.info("compacting %s: %d files of %d bytes on average", path, files, size // files)
-
-        def optimize() -> None:
-            DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
-
-        self._committing(path, "OPTIMIZE", optimize)
-
-    def _setting(self, key: str, default: int) -> int:
-        """An integer setting of the session, or ``default`` when it is unset or not an integer."""
-        value = self.spark.conf.get(key, None)
-        try:
-            return int(value) if value else default
-        except ValueError:
-            return default
-
     # ---------------------------------------------------------------------------------------------------------
     # Tables
 
@@ -566,10 +503,7 @@ class DeltaSink:
         cached = self._columns.get(path)
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
-        if self._exists(path):
-            self.compact_if_crowded(path)
-        else:
-            _COMPACTION_CHECKED.add(path)
+        if not self._exists(path):
             fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
             fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
             with_table_properties(
@@ -926,7 +860,6 @@ class DeltaSink:
     ) -> None:
         """Creates the table at ``path`` unless it exists; ``statistics``: the quoted columns to keep min/max
         statistics for (the MERGE conditions and lookups)."""
-        _COMPACTION_CHECKED.add(path)
         builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
         for name, value in properties.items():
             builder = builder.property(name, value)

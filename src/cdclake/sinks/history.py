@@ -349,9 +349,7 @@ class HistorySink:
         if cached is not None and not _missing(cached, wanted) and not self._to_retype(path, cached, wanted):
             return cached
         schema = self.sink.table_schema(path)
-        if schema is not None:
-            self.sink.compact_if_crowded(path)
-        else:
+        if schema is None:
             plan = item.plan
             types = {name.lower(): spark_type for name, spark_type in item.columns}
             # Delta keeps no min/max statistics for binary or boolean columns.

@@ -450,10 +450,6 @@ class IcebergSink(DeltaSink):
             "options => map('min-input-files', '2', 'delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
         ).collect()
 
-    def compact_if_crowded(self, path: str) -> None:
-        """Nothing: Iceberg tables are compacted every :attr:`COMPACT_EVERY` MERGEs (:meth:`merged`)."""
-        del path
-
     # Deletion vectors and key ranges are Delta's: a merge-on-read table needs neither.
     def prepare_deletion_vectors(self, path: str) -> None:
         del path
