@@ -111,6 +111,11 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "generated-apply": _generated_apply,
     "interpreted-projections": lambda spark: session_settings(spark, {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}),
     "no-wholestage-codegen": lambda spark: session_settings(spark, {"spark.sql.codegen.wholeStage": "false"}),
+    # Delta's auto compaction by the count of small files only, without its default mode's compaction of every table
+    # on the first commit that adds files to it in the process (tried and reverted: AGENTS.md).
+    "count-only-compaction": lambda spark: session_settings(
+        spark, {"spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false"}
+    ),
     "no-checksum": lambda spark: session_settings(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
     "snapshot-1-no-checksum": lambda spark: session_settings(
         spark,
