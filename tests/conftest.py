@@ -22,6 +22,17 @@ os.environ["TZ"] = "UTC"
 time.tzset()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The spec's examples and Avro schemas are test inputs: without them a third of the suite would fail on its own,
+    # some files already at collection, each with a bare FileNotFoundError.
+    del config
+    if not (SHARED / "formats" / "README.md").is_file():
+        raise pytest.UsageError(
+            f"the tests read the format specifications at {SHARED / 'formats'}, which is not there. Fix: keep the "
+            "checkout beside `shared/` (as ../shared), or set CDCLAKE_SHARED to the folder that holds `formats/`."
+        )
+
+
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     from cdclake.spark import get_session
