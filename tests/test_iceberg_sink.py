@@ -236,6 +236,76 @@ def test_every_nth_merge_of_a_table_compacts_it(spark, tmp_path: Path, monkeypat
     assert sorted((r["id"], r["v"]) for r in lake_reader(spark, "iceberg")(path)) == [(1, "c"), (3, "e")]
 
 
+def _operations(spark, path: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """The operation of each of the table's snapshots, oldest first."""
+    snapshots = spark.read.format("iceberg").load(f"{path}#snapshots").orderBy("committed_at")
+    return [row["operation"] for row in snapshots.select("operation").collect()]
+
+
+def test_the_commits_since_the_last_rewrite_add_up_across_runs_and_writers(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Scheduled runs (trigger available_now) each make fewer MERGEs of a table than the compaction waits for: the
+    # count is the table's own, so they add up; and a rewrite by anyone (by hand here) starts it again. One change
+    # per batch, 3 commits per rewrite (50 by default).
+    monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 3)
+    lake = str(tmp_path / "lake")
+    path = f"{lake}/crm/customer"
+    settings = PipelineSettings(lake=lake, app_id="app", default_format="canal-json", table_format="iceberg")
+
+    def run(batches: range) -> None:
+        pipeline = Pipeline(spark, settings)  # a new run: a new sink, which has seen none of the earlier MERGEs
+        for batch in batches:
+            change = _canal("UPDATE" if batch else "INSERT", [{"id": "1", "v": f"v{batch}"}])
+            pipeline.process_batch(messages_frame(spark, [change]).withColumn("offset", F.lit(batch)), batch)
+
+    run(range(2))
+    run(range(2, 4))
+    assert _operations(spark, path) == ["append", "overwrite", "overwrite", "replace", "overwrite"]
+
+    spark.sql(
+        f"CALL {IcebergSink(spark, lake).catalog}.system.rewrite_data_files(table => "
+        "'crm.customer', options => map('min-input-files', '1'))"
+    ).collect()
+    run(range(4, 6))
+    assert _operations(spark, path)[5:] == ["replace", "overwrite", "overwrite"]  # 2 since the rewrite by hand
+    run(range(6, 7))
+    assert _operations(spark, path)[5:] == ["replace", "overwrite", "overwrite", "overwrite", "replace"]
+    assert [(r["id"], r["v"]) for r in lake_reader(spark, "iceberg")(path)] == [(1, "v6")]
+
+
+def test_a_rewrite_with_nothing_to_do_is_not_tried_again_after_each_merge(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three commits that leave one data file and no deletes: rewrite_data_files finds nothing to rewrite and adds
+    # no snapshot, so the table's count stays at 3. The sink counts from its own attempt instead.
+    monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 3)
+    sink = IcebergSink(spark, str(tmp_path / "lake"))
+    path = f"{sink.lake}/shop/items"
+    name = f"{sink.catalog}.shop.items"
+    spark.sql(f"CREATE TABLE {name} (id BIGINT) USING iceberg")
+    spark.sql(f"INSERT INTO {name} VALUES (1)")
+    spark.sql(f"DELETE FROM {name}")  # removes the whole file: no delete file
+    spark.sql(f"INSERT INTO {name} VALUES (2)")
+    compactions = []
+    compact = sink.compact
+    monkeypatch.setattr(sink, "compact", lambda p: (compactions.append(p), compact(p)))
+
+    sink.merged(path)
+    assert compactions == [path]
+    assert _operations(spark, path) == ["append", "delete", "append"]  # nothing was rewritten
+    sink.merged(path)
+    sink.merged(path)
+    assert compactions == [path]
+    spark.sql(f"INSERT INTO {name} VALUES (3)")
+    spark.sql(f"INSERT INTO {name} VALUES (4)")
+    spark.sql(f"INSERT INTO {name} VALUES (5)")
+    sink.merged(path)  # 3 commits since the attempt: the 4 files are rewritten into one
+    assert compactions == [path, path]
+    assert _operations(spark, path)[-1] == "replace"
+    assert sorted(r["id"] for r in spark.read.format("iceberg").load(path).collect()) == [2, 3, 4, 5]
+
+
 def test_a_catalog_the_session_lacks_is_a_config_error(spark, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'iceberg_catalog'.*no catalog 'nowhere'.*Fix: configure it"):
         IcebergSink(spark, str(tmp_path), "nowhere")

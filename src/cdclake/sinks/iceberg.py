@@ -11,9 +11,10 @@ extends.
 Row changes are applied as in Delta: one ``MERGE INTO`` per table and batch (:func:`~cdclake.sinks.delta.
 merge_statement`), gated by each row's recorded order. Tables are merge-on-read (``write.merge.mode``,
 ``write.update.mode``, ``write.delete.mode``): a MERGE writes the changed rows and position deletes instead of
-rewriting the files that held them, Iceberg's counterpart of Delta's deletion vectors. Every
-:attr:`IcebergSink.COMPACT_EVERY` MERGEs of a table, its data files are rewritten with their deletes applied
-(``rewrite_data_files``), since Iceberg has no automatic compaction.
+rewriting the files that held them, Iceberg's counterpart of Delta's deletion vectors. Iceberg has no automatic
+compaction, so after a MERGE that leaves a table with :attr:`IcebergSink.COMPACT_EVERY` commits since its last
+rewrite, its data files are rewritten with their deletes applied (``rewrite_data_files``). The count is read from
+the table's snapshots, so that runs shorter than that many MERGEs (scheduled ``available_now`` runs) add up.
 
 Exactly once: each commit of a batch carries the snapshot summary property ``cdclake.txn.<app id>`` = batch id
 (Iceberg's ``spark.sql.iceberg.snapshot-property.*`` session settings), and a write whose table already has a
@@ -103,8 +104,9 @@ class IcebergSink(DeltaSink):
     """
 
     COMPACT_EVERY: int = 50
-    """A table's data files are rewritten, deletes applied, after one in this many of its MERGEs by this sink (the
-    count Delta's auto compaction waits for, ``spark.databricks.delta.autoCompact.minNumFiles``)."""
+    """A table's data files are rewritten, deletes applied, after a MERGE once it has this many commits since its
+    last rewrite, counted on its snapshots by any writer and run (the count Delta's auto compaction waits for,
+    ``spark.databricks.delta.autoCompact.minNumFiles``)."""
 
     def __init__(
         self, spark: SparkSession, lake: str, catalog: str | None = None, routes: TableRoutes | None = None
@@ -129,6 +131,9 @@ class IcebergSink(DeltaSink):
         self._committed: dict[tuple[str, str], int | None] = {}
         # The marker of the enclosing idempotent() block, which the batch's concurrent MERGEs share.
         self._marker: Txn | None = None
+        # Table path -> (a snapshot id, the commits from the table's last rewrite up to that snapshot): where the
+        # previous count stopped, so that the next one walks only the snapshots added since.
+        self._since_rewrite: dict[str, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------------------------------------------------
     # Names
@@ -433,12 +438,44 @@ class IcebergSink(DeltaSink):
         return DataFrame(rebound, self.spark)
 
     def merged(self, path: str) -> None:
-        """After a MERGE into the table at ``path``: one in :attr:`COMPACT_EVERY` rewrites its data files with
-        their deletes applied."""
-        merges = self._merges.get(path, 0) + 1
-        self._merges[path] = merges
-        if merges % self.COMPACT_EVERY == 0:
+        """After a MERGE into the table at ``path``: rewrites its data files with their deletes applied once it has
+        :attr:`COMPACT_EVERY` commits since its last rewrite."""
+        if self._commits_since_rewrite(path) >= self.COMPACT_EVERY:
             self.compact(path)
+
+    def _iceberg_table(self, path: str) -> Any:
+        """The Iceberg ``Table`` (JVM object) of the lake table at ``path``, as the session's catalog has it."""
+        jvm = self.spark._jvm
+        assert jvm is not None
+        return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, self._identifier_of(path)
+        )
+
+    def _commits_since_rewrite(self, path: str) -> int:
+        """The commits of the table at ``path`` after its newest ``replace`` snapshot (a ``rewrite_data_files``, by
+        this sink or anyone), or after this sink's last compaction of it, counted up to :attr:`COMPACT_EVERY`.
+
+        Read from the table's metadata in the driver (no Spark job): the parent chain of its current snapshot, walked
+        back only to where the previous count stopped. A chain cut short by expired snapshots counts what is left.
+        """
+        table = self._iceberg_table(path)
+        snapshot = table.currentSnapshot()
+        current = None if snapshot is None else int(snapshot.snapshotId())
+        known_id, known_count = self._since_rewrite.get(path, (None, 0))
+        count = 0
+        while snapshot is not None and count < self.COMPACT_EVERY:
+            if int(snapshot.snapshotId()) == known_id:
+                count += known_count
+                break
+            if str(snapshot.operation()) == "replace":
+                break
+            count += 1
+            parent = snapshot.parentId()
+            snapshot = None if parent is None else table.snapshot(parent)
+        count = min(count, self.COMPACT_EVERY)
+        if current is not None:
+            self._since_rewrite[path] = (current, count)
+        return count
 
     def compact(self, path: str) -> None:
         """Rewrites the table's small files and the files that have deletes (Iceberg's ``rewrite_data_files``)."""
@@ -449,6 +486,11 @@ class IcebergSink(DeltaSink):
             f"CALL {quote(self.catalog)}.system.rewrite_data_files(table => {sql_string(name)}, "
             "options => map('min-input-files', '2', 'delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
         ).collect()
+        # The count starts again here even when there was nothing to rewrite (no new snapshot), or the next MERGE
+        # would try again, and each MERGE after it.
+        snapshot = self._iceberg_table(path).currentSnapshot()
+        if snapshot is not None:
+            self._since_rewrite[path] = (int(snapshot.snapshotId()), 0)
 
     # Deletion vectors and key ranges are Delta's: a merge-on-read table needs neither.
     def prepare_deletion_vectors(self, path: str) -> None:
