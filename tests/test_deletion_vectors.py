@@ -205,3 +205,21 @@ def test_auto_looks_at_each_table_once_every_25_merges_staggered_by_table(spark)
             for _ in range(every):
                 other.merged(paths[0])
         review_rewrites.assert_not_called()
+
+
+def test_short_runs_look_at_every_table_in_turn(spark) -> None:  # type: ignore[no-untyped-def]
+    # Scheduled runs (trigger available_now) of one MERGE per table each: a count that started from the path's
+    # number alone would look at the same few tables in every run and never at the others.
+    paths = [f"/lake/db/t{i}" for i in range(40)]
+    reviewed: set[str] = set()
+    runs = 20 * DeltaSink.DELETION_VECTORS_CHECK_EVERY  # a table is missed by all of them with odds (24/25)^500
+    looked_at_per_run = []
+    for _ in range(runs):
+        sink = DeltaSink(spark, "/lake")
+        with mock.patch.object(sink, "review_rewrites", side_effect=lambda path: reviewed.add(path)) as review:
+            for path in paths:
+                sink.merged(path)
+        looked_at_per_run.append(review.call_count)
+    assert reviewed == set(paths)
+    # Still a few tables per run, not all of them (40 / 25 on average).
+    assert max(looked_at_per_run) < len(paths) // 2

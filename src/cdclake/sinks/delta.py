@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import re
 import statistics
 import sys
@@ -384,8 +385,9 @@ class DeltaSink:
     DELETION_VECTORS_CHECK_EVERY: int = 25
     """``auto``: a table's recent MERGEs are looked at after one in this many of its MERGEs by this sink (reading
     the table's history costs about 0.1 s). Which one depends on the table's path, so that a batch of many tables
-    looks at a few of them, not at all of them at once. In every mode, the same MERGE also makes
-    :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
+    looks at a few of them, not at all of them at once, and on a number drawn for each sink, so that runs of fewer
+    MERGEs than that (scheduled ``available_now`` runs) look at each table in turn, not always at the same ones. In
+    every mode, the same MERGE also makes :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
     CONFLICT_ATTEMPTS: int = 5
@@ -409,9 +411,11 @@ class DeltaSink:
         self.routes = routes or TableRoutes()
         # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
         self._columns: dict[str, list[tuple[str, str]]] = {}
-        # Deletion vectors: a MERGE counter per table path (from a number of the path's), the paths to switch
-        # before their next MERGE, and those known to use them. Written from the MERGE threads, one path per thread.
+        # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
+        # paths to switch before their next MERGE, and those known to use them. Written from the MERGE threads, one
+        # path per thread.
         self._merges: dict[str, int] = {}
+        self._merges_offset = random.randrange(self.DELETION_VECTORS_CHECK_EVERY)
         # Bytes of each table's files when last read (key_ranges_pay), forgotten every DELETION_VECTORS_CHECK_EVERY
         # MERGEs. Written from the MERGE threads, one path per thread.
         self._table_sizes: dict[str, int] = {}
@@ -950,7 +954,7 @@ class DeltaSink:
         """After a MERGE into the table at ``path``: counts it and, after one in :attr:`DELETION_VECTORS_CHECK_EVERY`
         of them, forgets the table's size (:meth:`key_ranges_pay` reads it again) and, under ``auto``, looks at its
         recent MERGEs."""
-        merges = self._merges.get(path, zlib.crc32(path.encode("utf-8")))
+        merges = self._merges.get(path, zlib.crc32(path.encode("utf-8")) + self._merges_offset)
         self._merges[path] = merges + 1
         if merges % self.DELETION_VECTORS_CHECK_EVERY:
             return
