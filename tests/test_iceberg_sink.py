@@ -7,10 +7,12 @@ through the catalog the sink registers."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+from py4j.protocol import Py4JError
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
 
@@ -304,6 +306,34 @@ def test_a_rewrite_with_nothing_to_do_is_not_tried_again_after_each_merge(
     assert compactions == [path, path]
     assert _operations(spark, path)[-1] == "replace"
     assert sorted(r["id"] for r in spark.read.format("iceberg").load(path).collect()) == [2, 3, 4, 5]
+
+
+def test_a_compaction_that_fails_is_logged_and_tried_again_after_the_next_merge(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The MERGE before it has committed: its batch must not fail (and run again) for the table's upkeep.
+    monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 2)
+    sink = IcebergSink(spark, str(tmp_path / "lake"))
+    path = f"{sink.lake}/shop/items"
+    name = f"{sink.catalog}.shop.items"
+    spark.sql(f"CREATE TABLE {name} (id BIGINT) USING iceberg")
+    spark.sql(f"INSERT INTO {name} VALUES (1)")
+    spark.sql(f"INSERT INTO {name} VALUES (2)")
+    rewrite = sink.compact
+
+    def unavailable(table_path: str) -> None:
+        raise Py4JError(f"the catalog of {table_path} is unavailable")
+
+    monkeypatch.setattr(sink, "compact", unavailable)
+    with caplog.at_level(logging.WARNING, logger="cdclake.sinks.iceberg"):
+        sink.merged(path)
+    assert f"compaction of {path} after its MERGE failed" in caplog.text
+    assert "is unavailable" in caplog.text
+    assert _operations(spark, path) == ["append", "append"]
+
+    monkeypatch.setattr(sink, "compact", rewrite)
+    sink.merged(path)  # the count still stands
+    assert _operations(spark, path) == ["append", "append", "replace"]
 
 
 def test_a_catalog_the_session_lacks_is_a_config_error(spark, tmp_path: Path) -> None:

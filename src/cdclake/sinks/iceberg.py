@@ -25,6 +25,7 @@ snapshot with that batch id, or a later one, is skipped; this is Delta's idempot
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,7 +34,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
+from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -52,6 +55,8 @@ from cdclake.sinks.delta import (
     sql_string,
 )
 from cdclake.tables import TableRoutes
+
+log = logging.getLogger(__name__)
 
 MARKER_PREFIX: Final = "cdclake.txn."
 """Snapshot summary property of a batch's commit: ``cdclake.txn.<app id>`` = the batch id."""
@@ -439,9 +444,15 @@ class IcebergSink(DeltaSink):
 
     def merged(self, path: str) -> None:
         """After a MERGE into the table at ``path``: rewrites its data files with their deletes applied once it has
-        :attr:`COMPACT_EVERY` commits since its last rewrite."""
-        if self._commits_since_rewrite(path) >= self.COMPACT_EVERY:
-            self.compact(path)
+        :attr:`COMPACT_EVERY` commits since its last rewrite.
+
+        A count or a rewrite that fails is logged, not raised: the MERGE has committed, and failing the batch for
+        its upkeep would only run it again (the count still stands, so the next MERGE tries again)."""
+        try:
+            if self._commits_since_rewrite(path) >= self.COMPACT_EVERY:
+                self.compact(path)
+        except (Py4JError, CapturedException) as exc:
+            log.warning("compaction of %s after its MERGE failed, left for a later MERGE: %s", path, exc)
 
     def _iceberg_table(self, path: str) -> Any:
         """The Iceberg ``Table`` (JVM object) of the lake table at ``path``, as the session's catalog has it."""
