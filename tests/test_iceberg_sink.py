@@ -276,16 +276,22 @@ def test_the_commits_since_the_last_rewrite_add_up_across_runs_and_writers(
     assert [(r["id"], r["v"]) for r in lake_reader(spark, "iceberg")(path)] == [(1, "v6")]
 
 
+def _sink_and_empty_table(spark, tmp_path: Path) -> tuple[IcebergSink, str, str]:  # type: ignore[no-untyped-def]
+    """A sink at ``tmp_path/lake`` and an empty table ``shop.items (id BIGINT)`` of its catalog, created by hand (its
+    commits are then the test's own): the sink, the table's path and its catalog name."""
+    sink = IcebergSink(spark, str(tmp_path / "lake"))
+    name = f"{sink.catalog}.shop.items"
+    spark.sql(f"CREATE TABLE {name} (id BIGINT) USING iceberg")
+    return sink, f"{sink.lake}/shop/items", name
+
+
 def test_a_rewrite_with_nothing_to_do_is_not_tried_again_after_each_merge(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three commits that leave one data file and no deletes: rewrite_data_files finds nothing to rewrite and adds
     # no snapshot, so the table's count stays at 3. The sink counts from its own attempt instead.
     monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 3)
-    sink = IcebergSink(spark, str(tmp_path / "lake"))
-    path = f"{sink.lake}/shop/items"
-    name = f"{sink.catalog}.shop.items"
-    spark.sql(f"CREATE TABLE {name} (id BIGINT) USING iceberg")
+    sink, path, name = _sink_and_empty_table(spark, tmp_path)
     spark.sql(f"INSERT INTO {name} VALUES (1)")
     spark.sql(f"DELETE FROM {name}")  # removes the whole file: no delete file
     spark.sql(f"INSERT INTO {name} VALUES (2)")
@@ -313,10 +319,7 @@ def test_a_compaction_that_fails_is_logged_and_tried_again_after_the_next_merge(
 ) -> None:
     # The MERGE before it has committed: its batch must not fail (and run again) for the table's upkeep.
     monkeypatch.setattr(IcebergSink, "COMPACT_EVERY", 2)
-    sink = IcebergSink(spark, str(tmp_path / "lake"))
-    path = f"{sink.lake}/shop/items"
-    name = f"{sink.catalog}.shop.items"
-    spark.sql(f"CREATE TABLE {name} (id BIGINT) USING iceberg")
+    sink, path, name = _sink_and_empty_table(spark, tmp_path)
     spark.sql(f"INSERT INTO {name} VALUES (1)")
     spark.sql(f"INSERT INTO {name} VALUES (2)")
     rewrite = sink.compact
