@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -205,6 +206,17 @@ def test_auto_looks_at_each_table_once_every_25_merges_staggered_by_table(spark)
             for _ in range(every):
                 other.merged(paths[0])
         review_rewrites.assert_not_called()
+
+
+def test_a_look_that_fails_is_logged_not_raised(spark, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The MERGE has committed; its table's history cannot be read (here: no table at the path).
+    sink = DeltaSink(spark, str(tmp_path))
+    path = str(tmp_path / "db" / "gone")
+    with caplog.at_level(logging.WARNING, logger="cdclake.sinks.delta"):
+        for _ in range(DeltaSink.DELETION_VECTORS_CHECK_EVERY):
+            sink.merged(path)
+    assert f"the look at {path}'s recent MERGEs failed, left for later" in caplog.text
+    assert "[DELTA_MISSING_DELTA_TABLE]" in caplog.text
 
 
 def test_short_runs_look_at_every_table_in_turn(spark) -> None:  # type: ignore[no-untyped-def]

@@ -953,14 +953,20 @@ class DeltaSink:
     def merged(self, path: str) -> None:
         """After a MERGE into the table at ``path``: counts it and, after one in :attr:`DELETION_VECTORS_CHECK_EVERY`
         of them, forgets the table's size (:meth:`key_ranges_pay` reads it again) and, under ``auto``, looks at its
-        recent MERGEs."""
+        recent MERGEs.
+
+        A look that fails is logged, not raised: the MERGE has committed, and failing the batch for a performance
+        rule would only run it again. The table is looked at again after as many MERGEs."""
         merges = self._merges.get(path, zlib.crc32(path.encode("utf-8")) + self._merges_offset)
         self._merges[path] = merges + 1
         if merges % self.DELETION_VECTORS_CHECK_EVERY:
             return
         self._table_sizes.pop(path, None)
         if self.deletion_vectors == "auto" and path not in self._with_deletion_vectors:
-            self.review_rewrites(path)
+            try:
+                self.review_rewrites(path)
+            except (Py4JError, CapturedException) as exc:
+                log.warning("deletion vectors: the look at %s's recent MERGEs failed, left for later: %s", path, exc)
 
     def review_rewrites(self, path: str) -> bool:
         """``auto``'s rule: marks the table at ``path`` for deletion vectors, and returns True, when its recent

@@ -12,9 +12,10 @@ Row changes are applied as in Delta: one ``MERGE INTO`` per table and batch (:fu
 merge_statement`), gated by each row's recorded order. Tables are merge-on-read (``write.merge.mode``,
 ``write.update.mode``, ``write.delete.mode``): a MERGE writes the changed rows and position deletes instead of
 rewriting the files that held them, Iceberg's counterpart of Delta's deletion vectors. Iceberg has no automatic
-compaction, so after a MERGE that leaves a table with :attr:`IcebergSink.COMPACT_EVERY` commits since its last
-rewrite, its data files are rewritten with their deletes applied (``rewrite_data_files``). The count is read from
-the table's snapshots, so that runs shorter than that many MERGEs (scheduled ``available_now`` runs) add up.
+compaction, so after a MERGE that leaves a table with about :attr:`IcebergSink.COMPACT_EVERY` commits since its
+last rewrite (:meth:`IcebergSink.compact_after`), its data files are rewritten with their deletes applied
+(``rewrite_data_files``). The count is read from the table's snapshots, so that runs shorter than that many MERGEs
+(scheduled ``available_now`` runs) add up.
 
 Exactly once: each commit of a batch carries the snapshot summary property ``cdclake.txn.<app id>`` = batch id
 (Iceberg's ``spark.sql.iceberg.snapshot-property.*`` session settings), and a write whose table already has a
@@ -28,6 +29,7 @@ import hashlib
 import logging
 import re
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -110,8 +112,8 @@ class IcebergSink(DeltaSink):
 
     COMPACT_EVERY: int = 50
     """A table's data files are rewritten, deletes applied, after a MERGE once it has this many commits since its
-    last rewrite, counted on its snapshots by any writer and run (the count Delta's auto compaction waits for,
-    ``spark.databricks.delta.autoCompact.minNumFiles``)."""
+    last rewrite on average (:meth:`compact_after`), counted on its snapshots by any writer and run (the count Delta's
+    auto compaction waits for, ``spark.databricks.delta.autoCompact.minNumFiles``)."""
 
     def __init__(
         self, spark: SparkSession, lake: str, catalog: str | None = None, routes: TableRoutes | None = None
@@ -444,15 +446,24 @@ class IcebergSink(DeltaSink):
 
     def merged(self, path: str) -> None:
         """After a MERGE into the table at ``path``: rewrites its data files with their deletes applied once it has
-        :attr:`COMPACT_EVERY` commits since its last rewrite.
+        :meth:`compact_after` commits since its last rewrite.
 
         A count or a rewrite that fails is logged, not raised: the MERGE has committed, and failing the batch for
         its upkeep would only run it again (the count still stands, so the next MERGE tries again)."""
         try:
-            if self._commits_since_rewrite(path) >= self.COMPACT_EVERY:
+            if self._commits_since_rewrite(path) >= self.compact_after(path):
                 self.compact(path)
         except (Py4JError, CapturedException) as exc:
             log.warning("compaction of %s after its MERGE failed, left for a later MERGE: %s", path, exc)
+
+    @classmethod
+    def compact_after(cls, path: str) -> int:
+        """How many commits since its last rewrite the table at ``path`` waits for: :attr:`COMPACT_EVERY` on average,
+        give or take a quarter, set by the path. Tables written together would otherwise all reach the count in
+        the same batch and be compacted one after another there; each table's own count keeps them apart, and
+        stays the same in every run."""
+        spread = max(1, cls.COMPACT_EVERY // 2)
+        return cls.COMPACT_EVERY - spread // 2 + zlib.crc32(path.encode("utf-8")) % spread
 
     def _iceberg_table(self, path: str) -> Any:
         """The Iceberg ``Table`` (JVM object) of the lake table at ``path``, as the session's catalog has it."""
@@ -464,7 +475,7 @@ class IcebergSink(DeltaSink):
 
     def _commits_since_rewrite(self, path: str) -> int:
         """The commits of the table at ``path`` after its newest ``replace`` snapshot (a ``rewrite_data_files``, by
-        this sink or anyone), or after this sink's last compaction of it, counted up to :attr:`COMPACT_EVERY`.
+        this sink or anyone), or after this sink's last compaction of it, counted up to :meth:`compact_after`.
 
         Read from the table's metadata in the driver (no Spark job): the parent chain of its current snapshot, walked
         back only to where the previous count stopped. A chain cut short by expired snapshots counts what is left.
@@ -473,8 +484,8 @@ class IcebergSink(DeltaSink):
         snapshot = table.currentSnapshot()
         current = None if snapshot is None else int(snapshot.snapshotId())
         known_id, known_count = self._since_rewrite.get(path, (None, 0))
-        count = 0
-        while snapshot is not None and count < self.COMPACT_EVERY:
+        count, enough = 0, self.compact_after(path)
+        while snapshot is not None and count < enough:
             if int(snapshot.snapshotId()) == known_id:
                 count += known_count
                 break
@@ -483,7 +494,7 @@ class IcebergSink(DeltaSink):
             count += 1
             parent = snapshot.parentId()
             snapshot = None if parent is None else table.snapshot(parent)
-        count = min(count, self.COMPACT_EVERY)
+        count = min(count, enough)
         if current is not None:
             self._since_rewrite[path] = (current, count)
         return count
