@@ -8,6 +8,7 @@ batch (the statements must apply at their position in the stream either way).
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +190,15 @@ def scenario() -> list[str]:
         ddl_message("customer", "RENAME TABLE customer TO client", "RENAME"),
         row_message("INSERT", "client", [{"id": "5", "full_name": "e", "qty": "1", "tier": "gold"}], widened_qty),
         ddl_message("client_copy", "CREATE TABLE `client_copy` LIKE `client`", "CREATE"),
-        ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1))", "CREATE"),
+        ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1), born date)", "CREATE"),
         ddl_message("scratch", "DROP TABLE scratch", "ERASE"),
-        # created again with another definition: the empty lake table takes it (columns, types, key)
-        ddl_message("scratch", "CREATE TABLE scratch (code varchar(8), flag varchar(5), PRIMARY KEY (code))", "CREATE"),
+        # created again with another definition: the empty lake table takes it (columns, types, key), even types that
+        # Spark does not cast to (date -> int)
+        ddl_message(
+            "scratch",
+            "CREATE TABLE scratch (code varchar(8), flag varchar(5), born int, PRIMARY KEY (code))",
+            "CREATE",
+        ),
         row_message(
             "INSERT",
             "scratch",
@@ -201,15 +207,26 @@ def scenario() -> list[str]:
             keys=["code"],
         ),
         ddl_message("client", "CREATE TABLE IF NOT EXISTS client (id bigint primary key)", "CREATE"),
+        # A column without values takes any type, also one Spark does not cast to: date -> int by DDL, then int ->
+        # date declared by the data.
+        ddl_message("client", "ALTER TABLE client ADD COLUMN since date"),
+        ddl_message("client", "ALTER TABLE client MODIFY COLUMN since int"),
+        row_message(
+            "INSERT",
+            "client",
+            [{"id": "6", "full_name": "f", "qty": "2", "tier": None, "since": "2024-05-01"}],
+            {**widened_qty, "since": "date"},
+        ),
     ]
 
 
 EXPECTED_CLIENT = [
-    {"id": 1, "full_name": "aa", "qty": 7, "tier": None},
-    {"id": 2, "full_name": "b", "qty": 8, "tier": "gold"},
-    {"id": 3, "full_name": "c", "qty": 9, "tier": "silver"},
-    {"id": 4, "full_name": "d", "qty": 9000000000, "tier": None},
-    {"id": 5, "full_name": "e", "qty": 1, "tier": "gold"},
+    {"id": 1, "full_name": "aa", "qty": 7, "tier": None, "since": None},
+    {"id": 2, "full_name": "b", "qty": 8, "tier": "gold", "since": None},
+    {"id": 3, "full_name": "c", "qty": 9, "tier": "silver", "since": None},
+    {"id": 4, "full_name": "d", "qty": 9000000000, "tier": None, "since": None},
+    {"id": 5, "full_name": "e", "qty": 1, "tier": "gold", "since": None},
+    {"id": 6, "full_name": "f", "qty": 2, "tier": None, "since": date(2024, 5, 1)},
 ]
 
 
@@ -236,10 +253,17 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert "name" not in schema
     copy = spark.read.format("delta").load(f"{lake}/crm/client_copy")
     assert copy.count() == 0
-    assert copy.dtypes == spark.read.format("delta").load(f"{lake}/crm/client").dtypes
+    # copied before `since` was added to client
+    assert copy.dtypes == [
+        (n, t) for n, t in spark.read.format("delta").load(f"{lake}/crm/client").dtypes if n != "since"
+    ]
     scratch = spark.read.format("delta").load(f"{lake}/crm/scratch")
-    assert read_table(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes"}]
-    assert [(n, t) for n, t in scratch.dtypes if not n.startswith("_cdc_")] == [("code", "string"), ("flag", "string")]
+    assert read_table(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes", "born": None}]
+    assert [(n, t) for n, t in scratch.dtypes if not n.startswith("_cdc_")] == [
+        ("code", "string"),
+        ("flag", "string"),
+        ("born", "int"),
+    ]
     properties = dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{lake}/crm/scratch`").collect())
     assert properties["cdclake.keyColumns"] == "code"
 
@@ -258,8 +282,10 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     created = [r for r in changes if r["ddl"].startswith("CREATE TABLE scratch")]
     assert [r["outcome"] for r in created] == [
         "applied: table created",
-        "applied: the empty lake table takes the new definition (code string, flag string; key code)",
+        "applied: the empty lake table takes the new definition (code string, flag string, born int; key code)",
     ]
+    assert outcomes["ALTER TABLE client MODIFY COLUMN since int"] == "applied: column since date -> int"
+    assert schema["since"] == "date"
     assert outcomes["CREATE TABLE IF NOT EXISTS client (id bigint primary key)"] == "nothing to do: table exists"
     reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
     assert len(reasons) == 2

@@ -12,7 +12,7 @@ import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -527,9 +527,10 @@ def _event(op: str, position: int, columns: dict[str, str], before=None, after=N
 @pytest.mark.spark
 @pytest.mark.parametrize("table_format", TABLE_FORMATS)
 def test_history_columns_follow_the_lake_tables_type_changes(spark, lake, table_format: TableFormat) -> None:
-    """The lake table widens x (int -> bigint) and retypes y (string -> bigint, after its values were deleted from
-    the lake table): x is widened in the history tables; y keeps its type there, as its stored text would not
-    convert, and a new value is stored as text."""
+    """The lake table widens x (int -> bigint) and retypes y (string -> bigint), z and w (date -> int, a change Spark
+    has no cast for), after their values were deleted from the lake table. In the history tables x is widened; y and
+    w keep their types where they hold values that would not convert (y's text, w's date), and a new value is stored
+    as text (y) or not at all (w); z, which holds no value, and any field without values take the new type."""
     sink = HistorySink(lake_sink(spark, lake, table_format))
 
     def record(batch_id: int, types: dict[str, str], events: list[dict[str, Any]]) -> None:
@@ -538,28 +539,30 @@ def test_history_columns_follow_the_lake_tables_type_changes(spark, lake, table_
         columns = {plans[0].table_id: list(types.items())}
         sink.record(frame, plans, plans, columns, {}, batch_id, Txn("types-test", batch_id))
 
-    old = {"id": "bigint", "x": "int", "y": "string"}
-    record(0, old, [_event("INSERT", 1, old, after={"id": "1", "x": "7", "y": "abc"})])
-    new = {"id": "bigint", "x": "bigint", "y": "bigint"}
-    before = {"id": "1", "x": "7", "y": None}
-    record(1, new, [_event("UPDATE", 2, new, before=before, after={"id": "1", "x": "5000000000", "y": "42"})])
+    old = {"id": "bigint", "x": "int", "y": "string", "z": "date", "w": "date"}
+    record(0, old, [_event("INSERT", 1, old, after={"id": "1", "x": "7", "y": "abc", "z": None, "w": "2024-01-02"})])
+    new = {"id": "bigint", "x": "bigint", "y": "bigint", "z": "int", "w": "int"}
+    before = {"id": "1", "x": "7", "y": None, "z": None, "w": None}
+    after = {"id": "1", "x": "5000000000", "y": "42", "z": "5", "w": "6"}
+    record(1, new, [_event("UPDATE", 2, new, before=before, after=after)])
 
     scd2 = history_table(spark, lake, "scd2", "d", "t", table_format)
     assert scd2 is not None
-    assert dict(scd2.dtypes)["x"] == "bigint"
-    assert dict(scd2.dtypes)["y"] == "string"
-    assert [(r["x"], r["y"], r["_cdc_is_current"]) for r in scd2.orderBy("_cdc_valid_from").collect()] == [
-        (7, "abc", False),
-        (5000000000, "42", True),
+    assert [dict(scd2.dtypes)[c] for c in "xyzw"] == ["bigint", "string", "int", "date"]
+    versions = scd2.orderBy("_cdc_valid_from").collect()
+    assert [(r["x"], r["y"], r["z"], r["w"], r["_cdc_is_current"]) for r in versions] == [
+        (7, "abc", None, date(2024, 1, 2), False),
+        (5000000000, "42", 5, None, True),
     ]
     changelog = history_table(spark, lake, "changelog", "d", "t", table_format)
     assert changelog is not None
-    # The before images held no value of y yet: that field follows the lake table.
-    assert dict(changelog.dtypes)["_cdc_before"] == "struct<id:bigint,x:bigint,y:bigint>"
+    assert [dict(changelog.dtypes)[c] for c in "zw"] == ["int", "date"]
+    # The before images held no value of y, z or w yet: those fields follow the lake table.
+    assert dict(changelog.dtypes)["_cdc_before"] == "struct<id:bigint,x:bigint,y:bigint,z:int,w:int>"
     logged = changelog.orderBy("_cdc_position").collect()
-    assert [(r["x"], r["y"], r["_cdc_before"] and r["_cdc_before"]["x"]) for r in logged] == [
-        (7, "abc", None),
-        (5000000000, "42", 7),
+    assert [(r["x"], r["y"], r["z"], r["w"], r["_cdc_before"] and r["_cdc_before"]["x"]) for r in logged] == [
+        (7, "abc", None, date(2024, 1, 2), None),
+        (5000000000, "42", 5, None, 7),
     ]
 
 

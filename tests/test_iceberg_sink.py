@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:
     assert "score" not in schema
     assert "name" not in schema
     # dropped and created again with another definition and key
-    assert read(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes"}]
+    assert read(f"{lake}/crm/scratch") == [{"code": "x", "flag": "yes", "born": None}]
     metadata = Path(lake, "crm", "scratch", "metadata")
     newest = (metadata / "version-hint.text").read_text().strip()
     properties = json.loads((metadata / f"v{newest}.metadata.json").read_text())["properties"]
@@ -207,6 +208,18 @@ def test_a_smallint_column_is_stored_as_int_without_a_rewrite_per_batch(spark, t
     assert dict(spark.read.format("iceberg").load(path).dtypes)["s"] == "int"
     assert _marks(spark, path) == ["0", "1", "2"]  # one MERGE per batch, nothing else
     assert sorted((r["id"], r["s"]) for r in lake_reader(spark, "iceberg")(path)) == [(1, None), (2, None), (3, 7)]
+
+
+def test_tables_written_together_are_compacted_after_counts_of_their_own() -> None:
+    # Tables that get a MERGE in every batch would all reach one fixed count in the same batch.
+    paths = [f"/lake/crm/t{i}" for i in range(200)]
+    counts = [IcebergSink.compact_after(path) for path in paths]
+    every = IcebergSink.COMPACT_EVERY
+    assert all(every * 3 // 4 <= count <= every * 5 // 4 for count in counts)
+    assert len(set(counts)) >= 20
+    assert abs(statistics.mean(counts) - every) < 2
+    # The same in every run (counted on the table's snapshots, whoever wrote them).
+    assert counts == [IcebergSink.compact_after(path) for path in paths]
 
 
 def test_every_nth_merge_of_a_table_compacts_it(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
@@ -47,6 +47,7 @@ from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid
 from cdclake.exceptions import TerminalError
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn, quote
+from cdclake.spark import valueless_as
 from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter
 
 log = logging.getLogger(__name__)
@@ -448,22 +449,22 @@ class SchemaEvolution:
             raise _IncompatibleChangeError(
                 f"cannot rename {name} to {new_name}: the lake table has a column {new_name}"
             )
-        new_type = current_type
+        new_type, valueless = current_type, False
         if kind == "modify_column" and change.spark_type is not None and change.spark_type != current_type:
-            fits = widened(current_type, change.spark_type)
-            if not fits and sink.column_has_values(*ident, name):
-                raise _IncompatibleChangeError(
-                    f"column {name}: {current_type} -> {change.spark_type} would not keep stored values "
-                    "(later values that do not fit the column go to the dead letters)"
-                )
+            if not widened(current_type, change.spark_type):
+                if sink.column_has_values(*ident, name):
+                    raise _IncompatibleChangeError(
+                        f"column {name}: {current_type} -> {change.spark_type} would not keep stored values "
+                        "(later values that do not fit the column go to the dead letters)"
+                    )
+                valueless = True
             new_type = change.spark_type
         if new_name == name and new_type == current_type:
             return "nothing to do: column unchanged" + (
                 " (type has no exact Spark type)" if not change.spark_type else ""
             )
-        rewritten = [
-            (new_name, F.col(quote(n)).cast(new_type)) if n == name else (n, F.col(quote(n))) for n, _ in columns
-        ]
+        retyped = _retyped(name, new_type, valueless)
+        rewritten = [(new_name, retyped) if n == name else (n, F.col(quote(n))) for n, _ in columns]
         new_keys = [new_name if k.lower() == name.lower() else k for k in keys]
         sink.rewrite(*ident, rewritten, txn, key_columns=new_keys)
         done = []
@@ -503,7 +504,12 @@ class SchemaEvolution:
         self._refuse_if_constrained(ident, [n for n, _ in columns if n.lower() not in defined], columns)
         stored = {n.lower(): n for n, _ in columns}
         rewritten = [
-            (name, (F.col(quote(stored[name.lower()])) if name.lower() in stored else F.lit(None)).cast(spark_type))
+            (
+                name,
+                valueless_as(F.col(quote(stored[name.lower()])), spark_type, name)
+                if name.lower() in stored
+                else F.lit(None).cast(spark_type),
+            )
             for name, spark_type in definition
         ]
         self.sink.rewrite(*ident, rewritten, txn, key_columns=keys)
@@ -553,6 +559,7 @@ class SchemaEvolution:
             stored = table_columns[plan.table_id]
             newest = {name.lower(): t for name, t in plan.columns}
             changes: dict[str, str] = {}
+            valueless: set[str] = set()
             for name, current in stored:
                 declared = plan.declared_types.get(name.lower(), set()) - {current}
                 if not declared:
@@ -562,6 +569,7 @@ class SchemaEvolution:
                     changes[name] = target
                 elif not self.sink.column_has_values(plan.database, plan.schema, plan.table, name):
                     changes[name] = newest.get(name.lower(), sorted(declared)[0])
+                    valueless.add(name)
             # A type the table format stores as the current one (Iceberg keeps tinyint and smallint as int) is no
             # change: rewriting the table for it would rewrite it again with every batch.
             current_types = dict(stored)
@@ -569,11 +577,20 @@ class SchemaEvolution:
             if not changes:
                 continue
             log.info("table %s: column types %s", plan.table, changes)
-            rewritten = [(n, F.col(quote(n)).cast(changes[n]) if n in changes else F.col(quote(n))) for n, _ in stored]
+            rewritten = [(n, _retyped(n, changes.get(n), n in valueless)) for n, _ in stored]
             marker = None if txn is None else Txn(f"{txn.app_id}/types", txn.version)
             keys = self.sink.key_columns(plan.database, plan.schema, plan.table)
             self.sink.rewrite(plan.database, plan.schema, plan.table, rewritten, marker, key_columns=keys)
             table_columns[plan.table_id] = self.sink.columns(plan.database, plan.schema, plan.table) or stored
+
+
+def _retyped(name: str, spark_type: str | None, valueless: bool) -> Column:
+    """Column ``name`` for a rewrite: as it is, cast to a wider ``spark_type``, or, ``valueless`` (found to hold no
+    value), as NULLs of any ``spark_type`` (Spark does not cast between every two types)."""
+    column = F.col(quote(name))
+    if spark_type is None:
+        return column
+    return valueless_as(column, spark_type, name) if valueless else column.cast(spark_type)
 
 
 class _IncompatibleChangeError(Exception):

@@ -27,7 +27,8 @@ from typing import Any, Final
 
 from py4j.java_gateway import JavaClass, JavaMember
 from py4j.protocol import Py4JError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -299,6 +300,27 @@ def is_local_checkpoint(frame: DataFrame) -> bool:
         return _checkpoint_rdd(frame._jdf.queryExecution().analyzed()) is not None
     except (AttributeError, Py4JError):
         return False
+
+
+def castable(spark: SparkSession, source: DataType, target: DataType) -> bool:
+    """Whether Spark casts ``source`` to ``target`` at all, under the session's settings (ANSI refuses DATE -> INT,
+    INT -> DATE, BINARY -> INT and more at analysis). Analysed on the driver; no job."""
+    try:
+        spark.range(0).select(F.lit(None).cast(source).try_cast(target)).schema  # noqa: B018 (analyses the plan)
+    except AnalysisException:
+        return False
+    return True
+
+
+def valueless_as(column: Column, data_type: str | DataType, name: str) -> Column:
+    """``column``, found to hold no value, as NULLs of ``data_type`` (a type change of a column without values).
+
+    Not a cast, which Spark refuses between some types (:func:`castable`): there is nothing to convert. Should a
+    value have arrived since the check (another writer), the query fails rather than drop it; run again, the change
+    finds the value.
+    """
+    arrived = F.lit(f"column {name} got a value while its type was being changed; run the batch again")
+    return F.when(column.isNull(), F.lit(None)).otherwise(F.raise_error(arrived)).cast(data_type)
 
 
 def local_frame(spark: SparkSession, rows: Iterable[Any], schema: str | StructType) -> DataFrame:

@@ -64,7 +64,7 @@ from cdclake.sinks.delta import (
     sql_string,
     turn_marker,
 )
-from cdclake.spark import local_frame
+from cdclake.spark import castable, local_frame, valueless_as
 from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,14 @@ def _typed(spark_type: str) -> DataType:
 
 _ColumnPath = tuple[str, ...]
 """A column, ``(name,)``, or a field of a struct column, ``(struct, field)``."""
+
+
+def _type_at(schema: StructType, column: _ColumnPath) -> DataType:
+    data_type = schema[column[0]].dataType
+    for name in column[1:]:
+        assert isinstance(data_type, StructType)
+        data_type = data_type[name].dataType
+    return data_type
 
 
 @dataclass(frozen=True)
@@ -397,9 +405,18 @@ class HistorySink:
             return top if len(path_of) == 1 else top[path_of[1]]
 
         ordered = sorted(differing.items())
+        # A pair of types Spark does not cast between at all converts only a column without values.
+        can_cast = {c: castable(self.spark, _type_at(schema, c), t) for c, t in ordered}
+
+        def lost(c: _ColumnPath, t: DataType) -> Column:
+            return column(c).try_cast(t).isNull() if can_cast[c] else F.lit(True)
+
+        def converted(c: _ColumnPath, t: DataType) -> Column:
+            return column(c).cast(t) if can_cast[c] else valueless_as(column(c), t, ".".join(c))
+
         unconvertible = table.agg(
             *(
-                F.sum(F.when(column(c).isNotNull() & column(c).try_cast(t).isNull(), 1).otherwise(0)).alias(f"_{i}")
+                F.sum(F.when(column(c).isNotNull() & lost(c, t), 1).otherwise(0)).alias(f"_{i}")
                 for i, (c, t) in enumerate(ordered)
             )
         ).first()
@@ -423,11 +440,11 @@ class HistorySink:
         for f in schema.fields:
             top = F.col(quote(f.name))
             if (f.name,) in convertible:
-                selected.append(top.cast(convertible[(f.name,)]).alias(f.name))
+                selected.append(converted((f.name,), convertible[(f.name,)]).alias(f.name))
             elif isinstance(f.dataType, StructType) and any((f.name, g.name) in convertible for g in f.dataType.fields):
                 inner = [
                     (
-                        top[g.name].cast(convertible[(f.name, g.name)])
+                        converted((f.name, g.name), convertible[(f.name, g.name)])
                         if (f.name, g.name) in convertible
                         else top[g.name]
                     )
@@ -516,15 +533,17 @@ class HistorySink:
         self.sink.merge_rows(path, statement)
         self.sink.merged(path)
 
-    @staticmethod
-    def _typed_or_null(image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
+    def _typed_or_null(self, image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
         """The image's value of column ``name`` typed like the lake table; NULL for a history column the lake table
-        no longer has."""
+        no longer has, and for a value that does not fit the older type a history column kept (see _retype)."""
         if name not in types:
             return F.lit(None).cast(data_type)
         value = model.typed_value(image[name], types[name])
-        # Equal unless the history column kept an older type (see _retype).
-        return value if data_type.simpleString() == types[name] else value.try_cast(data_type)
+        if data_type.simpleString() == types[name]:
+            return value
+        if castable(self.spark, _typed(types[name]), data_type):
+            return value.try_cast(data_type)
+        return F.lit(None).cast(data_type)  # no value of the one type is a value of the other (DATE and INT)
 
     # ---------------------------------------------------------------------------------------------------------
     # SCD2
