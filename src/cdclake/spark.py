@@ -9,7 +9,8 @@ Two situations, one code path:
   (:data:`MAVEN_PACKAGES`); cdclake only takes the existing session and sets nothing that the submitter owns.
 
 Also :func:`local_frame`, which turns a few driver-side rows (progress, schema changes, tombstone marks) into a
-DataFrame inside the JVM, at a fraction of what ``createDataFrame`` costs per call.
+DataFrame inside the JVM, at a fraction of what ``createDataFrame`` costs per call, and :func:`castable` /
+:func:`valueless_as` for type changes (Spark has no cast between some types).
 """
 
 from __future__ import annotations
