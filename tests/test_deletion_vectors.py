@@ -18,6 +18,7 @@ from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from cdclake.sinks.delta import DeltaSink
 from tests.test_ddl import row_message
+from tests.test_delta_sink import CREATED_WITH_ROWS
 
 pytestmark = pytest.mark.spark
 
@@ -84,10 +85,11 @@ def test_always_applies_replaced_and_deleted_rows_through_deletion_vectors(spark
     table = lake / "crm" / "t"
 
     assert "deletionVectors" in (DeltaTable(str(table)).protocol().reader_features or [])
-    merges = [metrics for operation, metrics in _commits(table) if operation == "MERGE"]
-    assert len(merges) == len(MESSAGES)
+    commits = _commits(table)
+    # The first batch creates the table with its rows (no MERGE); each later one MERGEs.
+    assert [operation for operation, _ in commits] == [CREATED_WITH_ROWS, *["MERGE"] * (len(MESSAGES) - 1)]
     # The updates and the delete mark the old rows instead of rewriting the file that holds them.
-    assert [_uses_vectors(m) for m in merges] == [False, True, True, True, False]
+    assert [_uses_vectors(m) for _, m in commits[1:]] == [True, True, True, False]
     assert _reads_back(table) == EXPECTED
     # The data files still hold the replaced and deleted rows: the reader above applied the vectors.
     stored = sum(pq.read_metadata(uri.removeprefix("file://")).num_rows for uri in DeltaTable(str(table)).file_uris())
@@ -104,20 +106,19 @@ def test_auto_switches_a_table_once_its_merges_rewrite_enough_and_only_once(spar
     ):
         _replay(spark, lake, MESSAGES, "auto")
         commits = _commits(table)
-        # The inserts rewrite nothing; the first update rewrites the file (median of the two MERGEs > 0), so the
-        # table switches before the next batch's MERGE, which marks the deleted rows instead.
+        # The inserts create the table; the first update rewrites its file (the median of its one MERGE > 0), so
+        # the table switches before the next batch's MERGE, which marks the deleted rows instead.
         assert [operation for operation, _ in commits] == [
-            "CREATE TABLE",
-            "MERGE",
+            CREATED_WITH_ROWS,
             "MERGE",
             "SET TBLPROPERTIES",
             "MERGE",
             "MERGE",
             "MERGE",
         ]
-        assert _rewrites(commits[2][1])
+        assert _rewrites(commits[1][1])
+        assert _uses_vectors(commits[3][1])
         assert _uses_vectors(commits[4][1])
-        assert _uses_vectors(commits[5][1])
         assert _reads_back(table) == EXPECTED
 
         # A new run finds the vectors in the table's MERGEs and does not switch again.
@@ -142,8 +143,8 @@ def test_a_table_stays_copy_on_write_until_always_switches_it(spark, tmp_path: P
     ):
         _replay(spark, lake, MESSAGES, mode, deletion_vectors=mode)
     commits = _commits(table)
-    assert [operation for operation, _ in commits] == ["CREATE TABLE", *["MERGE"] * len(MESSAGES)]
-    assert [_rewrites(metrics) for _, metrics in commits[1:]] == [False, True, True, True, False]
+    assert [operation for operation, _ in commits] == [CREATED_WITH_ROWS, *["MERGE"] * (len(MESSAGES) - 1)]
+    assert [_rewrites(metrics) for _, metrics in commits[1:]] == [True, True, True, False]
     assert "deletionVectors" not in (DeltaTable(str(table)).protocol().reader_features or [])
     assert _reads_back(table) == EXPECTED
 

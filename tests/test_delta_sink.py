@@ -21,6 +21,26 @@ pytestmark = pytest.mark.spark
 TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 
+CREATED_WITH_ROWS = "CREATE TABLE AS SELECT"
+"""The operation of a new lake table's first commit: created with its first batch's rows."""
+
+
+def _writes(table: Path) -> list[tuple[str, int, int]]:
+    """(operation, rows inserted, files added) of the table's creating commit with rows and its MERGEs, oldest
+    first."""
+    out = []
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info["operation"] == "MERGE":
+                metrics = info["operationMetrics"]
+                out.append(("MERGE", int(metrics["numTargetRowsInserted"]), int(metrics["numTargetFilesAdded"])))
+            elif info and info["operation"] == CREATED_WITH_ROWS:
+                metrics = info["operationMetrics"]
+                out.append((CREATED_WITH_ROWS, int(metrics["numOutputRows"]), int(metrics["numFiles"])))
+    return out
+
+
 def _last_merge(table: Path) -> dict[str, Any]:
     commits = sorted((table / "_delta_log").glob("*.json"))
     for commit in reversed(commits):
@@ -36,11 +56,13 @@ def _last_merge_metrics(table: Path) -> dict[str, str]:
 
 
 def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[no-untyped-def]
-    rows = [{"id": str(i), "v": f"v{i}"} for i in range(40)]
-    capture = tmp_path / "capture.jsonl"
-    capture.write_text("".join(row_message("INSERT", t, rows, TYPES) + "\n" for t in tables), encoding="utf-8")
+    """Two batches: 40 rows into each of ``tables``, then 40 more."""
     lake = tmp_path / "lake"
-    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)])
+    for batch in range(2):
+        rows = [{"id": str(i), "v": f"v{i}"} for i in range(40 * batch, 40 * batch + 40)]
+        capture = tmp_path / f"capture-{batch}.jsonl"
+        capture.write_text("".join(row_message("INSERT", t, rows, TYPES) + "\n" for t in tables), encoding="utf-8")
+        replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)])
     return lake
 
 
@@ -49,10 +71,8 @@ def test_merges_of_many_tables_share_the_shuffle_partitions(spark, tmp_path: Pat
     assert int(partitions) >= 2, "the test session must have partitions to share"
     lake = _replay(spark, tmp_path, ["a", "b", "c"])
     for table in "abc":
-        metrics = _last_merge_metrics(lake / "crm" / table)
-        assert metrics["numTargetRowsInserted"] == "40"
-        # 3 concurrent MERGEs on 2 partitions: one partition, so one file, each.
-        assert metrics["numTargetFilesAdded"] == "1", metrics
+        # 3 concurrent writes on 2 partitions: one partition, so one file, each; the first creates the table.
+        assert _writes(lake / "crm" / table) == [(CREATED_WITH_ROWS, 40, 1), ("MERGE", 40, 1)]
     # The session is as it was.
     assert spark.conf.get("spark.sql.shuffle.partitions") == partitions
     assert spark.conf.get("spark.databricks.delta.merge.materializeSource", None) in (None, "auto")
@@ -60,9 +80,8 @@ def test_merges_of_many_tables_share_the_shuffle_partitions(spark, tmp_path: Pat
 
 def test_the_merge_of_a_single_table_keeps_every_partition(spark, tmp_path: Path) -> None:
     lake = _replay(spark, tmp_path, ["only"])
-    metrics = _last_merge_metrics(lake / "crm" / "only")
-    assert metrics["numTargetRowsInserted"] == "40"
-    assert metrics["numTargetFilesAdded"] == spark.conf.get("spark.sql.shuffle.partitions"), metrics
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
+    assert _writes(lake / "crm" / "only") == [(CREATED_WITH_ROWS, 40, partitions), ("MERGE", 40, partitions)]
 
 
 def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> None:
@@ -79,7 +98,8 @@ def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> Non
         spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
     table = DeltaTable.forPath(spark, str(lake / "crm" / "t"))
     operations = [row["operation"] for row in table.history().collect()]
-    assert operations.count("MERGE") == len(messages)
+    assert operations[-1] == CREATED_WITH_ROWS  # the first batch's
+    assert operations.count("MERGE") == len(messages) - 1
     assert "OPTIMIZE" in operations
     assert len(table.toDF().inputFiles()) < 4
     assert sorted(read_table(str(lake / "crm" / "t")), key=lambda r: r["id"]) == [
@@ -114,7 +134,8 @@ def test_a_rewrite_to_a_type_without_statistics_unlists_the_column(spark, tmp_pa
 def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_turn(spark, tmp_path: Path) -> None:
     """Pipeline._ensure_tables: many new tables at once, each with its columns (and no CHECK constraints); two plans
     whose source names map to the same lake path (database x, and schema x without a database) both end up in that
-    one table."""
+    one table. A new table only one plan lands in is left to its first write (created with its rows), unless the
+    batch declares other types for its columns, which need the table to be reconciled."""
     from cdclake.apply import TablePlan
     from cdclake.pipeline import Pipeline, PipelineSettings
 
@@ -126,13 +147,18 @@ def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_tur
         TablePlan("x..shared", "x", None, "shared", [("id", "bigint"), ("a", "string")], ["id"]),
         TablePlan(".x.shared", None, "x", "shared", [("id", "bigint"), ("b", "int")], ["id"]),
     ]
+    retyped = TablePlan("db.r", "db", None, "r", [("id", "bigint"), ("n", "int")], ["id"])
+    retyped.declared_types = {"n": {"int", "bigint"}}
+    plans.append(retyped)
     columns, constraints = pipeline._ensure_tables(plans)
 
     assert constraints == {plan.table_id: {} for plan in plans}
-    for i in range(6):
-        expected = [("id", "bigint"), (f"c{i}", "string")]
-        assert columns[f"db.t{i}"] == expected
-        assert pipeline.sink.columns("db", None, f"t{i}") == expected
+    for plan, i in zip(plans, range(6), strict=False):
+        assert columns[f"db.t{i}"] == [("id", "bigint"), (f"c{i}", "string")]
+        assert pipeline.sink.awaits_creation(plan)
+        assert pipeline.sink.columns("db", None, f"t{i}") is None
+    assert columns["db.r"] == pipeline.sink.columns("db", None, "r") == [("id", "bigint"), ("n", "int")]
+    assert not pipeline.sink.awaits_creation(retyped)
     # Turns go by table id: ".x.shared" creates the table, "x..shared" then adds its column.
     shared = [("id", "bigint"), ("b", "int"), ("a", "string")]
     assert columns[".x.shared"] == [("id", "bigint"), ("b", "int")]
@@ -317,18 +343,20 @@ def test_a_merge_gets_key_ranges_when_the_table_holds_key_ranges_min_bytes(
         replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)])
         return str(_last_merge(table)["operationParameters"]["predicate"])
 
-    first = merge_of(0)
+    with pytest.raises(AssertionError, match="no MERGE"):
+        merge_of(0)  # the first batch creates the table with its rows
+    first = merge_of(10)
     assert re.search(r"\bid#\d+L <=> _c0#\d+L", first), first
-    assert ">=" not in first, "a new, tiny table: no range"
+    assert ">=" not in first, "a tiny table: no range"
     size = int(DeltaTable.forPath(spark, str(table)).detail().first()["sizeInBytes"])
     monkeypatch.setattr(DeltaSink, "KEY_RANGES_MIN_BYTES", size + 1)
-    assert ">=" not in merge_of(10)
+    assert ">=" not in merge_of(20)
     size = int(DeltaTable.forPath(spark, str(table)).detail().first()["sizeInBytes"])
     monkeypatch.setattr(DeltaSink, "KEY_RANGES_MIN_BYTES", size)
-    ranged = merge_of(20)
-    assert re.search(r"\bid#\d+L >= 20\b", ranged), ranged
-    assert re.search(r"\bid#\d+L <= 29\b", ranged), ranged
-    assert sorted(int(row["id"]) for row in read_table(str(table))) == list(range(30))
+    ranged = merge_of(30)
+    assert re.search(r"\bid#\d+L >= 30\b", ranged), ranged
+    assert re.search(r"\bid#\d+L <= 39\b", ranged), ranged
+    assert sorted(int(row["id"]) for row in read_table(str(table))) == list(range(40))
 
 
 def test_a_tables_size_is_read_on_its_first_merge_and_again_once_every_check(
@@ -550,3 +578,87 @@ def test_a_truncate_that_meets_a_concurrent_commit_runs_again(
     operations = compaction.operations()
     assert ("replace" if table_format == "iceberg" else "OPTIMIZE") in operations[-3:]
     assert {row["id"]: row["v"] for row in sink.read_path(table).collect()} == {100: "after"}
+
+
+def _log_actions(table: Path, version: int) -> dict[str, Any]:
+    """The actions of one commit of a Delta table, by kind (the last of each kind)."""
+    commit = table / "_delta_log" / f"{version:020d}.json"
+    return {
+        kind: body
+        for line in commit.read_text(encoding="utf-8").splitlines()
+        for kind, body in json.loads(line).items()
+    }
+
+
+def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_commit(spark, tmp_path: Path) -> None:
+    """A batch that finds its tables missing creates each with the rows the batch leaves (one commit, the batch's
+    marker, cdclake's table properties), as a creation and a MERGE into the empty table would have left them: a
+    key inserted and deleted is not there, an updated one has its last image. A table none of whose rows remain is
+    created empty. Re-running the batch (a crash before its progress was stored) commits nothing more."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from tests.formats.golden import messages_frame
+
+    lines = [
+        row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(5)], TYPES),
+        row_message("UPDATE", "t", [{"id": "2", "v": "new"}], TYPES, old=[{"id": "2", "v": "v2"}]),
+        row_message("DELETE", "t", [{"id": "3", "v": "v3"}], TYPES),
+        row_message("INSERT", "gone", [{"id": "9", "v": "v9"}], TYPES),
+        row_message("DELETE", "gone", [{"id": "9", "v": "v9"}], TYPES),
+    ]
+    frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
+    lake = tmp_path / "lake"
+    settings = PipelineSettings(lake=str(lake), app_id="first", default_format="canal-json")
+
+    Pipeline(spark, settings).process_batch(frame, 0)
+    expected = {"t": [(0, "v0"), (1, "v1"), (2, "new"), (4, "v4")], "gone": []}
+    commits = {}
+    for name, rows in expected.items():
+        table = lake / "crm" / name
+        assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == rows
+        created = _log_actions(table, 0)
+        assert created["commitInfo"]["operation"] == CREATED_WITH_ROWS
+        assert (created["txn"]["appId"], created["txn"]["version"]) == ("first", 0)
+        properties = created["metaData"]["configuration"]
+        assert properties["cdclake.source"] == f"crm.{name}"
+        assert properties["cdclake.keyColumns"] == "id"
+        assert properties["delta.dataSkippingStatsColumns"] == "`id`,_cdc_position"
+        assert properties["delta.autoOptimize.autoCompact"] == "true"
+        assert all(field["nullable"] for field in json.loads(created["metaData"]["schemaString"])["fields"])
+        commits[name] = _commits(table)
+
+    Pipeline(spark, settings).process_batch(frame, 0)  # a re-run after a crash, in a new process
+    for name, rows in expected.items():
+        assert _commits(lake / "crm" / name) == commits[name]
+        assert sorted((r["id"], r["v"]) for r in read_table(str(lake / "crm" / name))) == rows
+
+
+def test_a_table_another_writer_creates_first_gets_its_rows_by_a_merge(spark, tmp_path: Path) -> None:
+    """Two writers that both find a table missing: the one that creates it second finds it there, MERGEs instead,
+    and so keeps the first writer's newer row (the position guard) and adds its own other rows."""
+    from pyspark.sql import functions as F
+
+    from cdclake import apply, model
+    from cdclake.apply import TablePlan
+
+    def changes(rows: list[tuple[int, str, str]]):  # type: ignore[no-untyped-def]
+        return spark.createDataFrame(rows, "id long, v string, position string").select(
+            F.lit(apply.UPSERT).alias(apply.KIND),
+            F.create_map(F.lit("id"), F.col("id").cast("string"), F.lit("v"), F.col("v")).alias(apply.IMAGE),
+            F.lit(False).alias(apply.PARTIAL),
+            F.col("position").alias(apply.ORDER),
+            F.current_timestamp().alias(model.EVENT_TIME),
+        )
+
+    lake = str(tmp_path / "lake")
+    plan = TablePlan("db.t", "db", None, "t", [("id", "bigint"), ("v", "string")], ["id"])
+    late, early = DeltaSink(spark, lake), DeltaSink(spark, lake)
+    columns = late.ensure_table(plan, defer_creation=True)
+    assert late.awaits_creation(plan)
+    early.merge(plan, early.ensure_table(plan, defer_creation=True), changes([(1, "newer", "0002")]))
+
+    late.merge(plan, columns, changes([(1, "older", "0001"), (2, "two", "0001")]))
+    assert not late.awaits_creation(plan)
+    path = late.table_path("db", None, "t")
+    assert sorted((r["id"], r["v"]) for r in read_table(path)) == [(1, "newer"), (2, "two")]
+    operations = [row["operation"] for row in DeltaTable.forPath(spark, path).history().orderBy("version").collect()]
+    assert [op for op in operations if op != "OPTIMIZE"] == [CREATED_WITH_ROWS, "MERGE"]

@@ -756,10 +756,22 @@ class Pipeline:
         and an initial load creates every table in its first batch (40 tables: 7.6-8.3 s one at a time, 4.4-4.5 s
         eight at a time). Plans that land in one lake table go in turns (``in_turns``): the first creates it, the
         next sees it and adds its columns.
+
+        A missing table that only this plan lands in, with no TRUNCATE, is created by its first write instead, with
+        its rows (``DeltaSink.ensure_table(defer_creation=True)``): an initial load then makes one commit per table,
+        not two. Not when the batch declares other types for its columns than the plan's: reconciling them
+        (``reconcile_types``) needs the table.
         """
+        paths = [self._path_of(plan) for plan in plans]
 
         def ensure(plan: apply.TablePlan) -> tuple[list[tuple[str, str]], dict[str, str]]:
-            return self.sink.ensure_table(plan), self.sink.check_constraints(plan.database, plan.schema, plan.table)
+            alone = paths.count(self._path_of(plan)) == 1 and plan.truncate_order is None
+            columns = self.sink.ensure_table(plan, defer_creation=alone)
+            if self.sink.awaits_creation(plan):
+                if all(plan.declared_types.get(name.lower(), set()) <= {t} for name, t in columns):
+                    return columns, {}
+                columns = self.sink.ensure_table(plan)
+            return columns, self.sink.check_constraints(plan.database, plan.schema, plan.table)
 
         columns: dict[str, list[tuple[str, str]]] = {}
         constraints: dict[str, dict[str, str]] = {}
@@ -843,7 +855,10 @@ class Pipeline:
             # commit I/O dominate small batches). They share the batch's idempotency marker; source tables sharing a
             # lake table that cannot share its MERGE take turns, each with a marker of its own (in_turns).
             for turn, same_turn in enumerate(turns):
-                tables = [unit for unit in same_turn if any(p.table_id in stats for p in unit)]
+                # A table left to its first write is created even when none of its changes remain.
+                tables = [
+                    unit for unit in same_turn if any(p.table_id in stats or self.sink.awaits_creation(p) for p in unit)
+                ]
                 if not tables:
                     continue
                 with (

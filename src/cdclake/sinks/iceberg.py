@@ -234,8 +234,10 @@ class IcebergSink(DeltaSink):
     def _user_table_exists(self, path: str) -> bool:
         return bool(self.spark.catalog.tableExists(self._identifier_of(path)))
 
-    def ensure_table(self, plan: TablePlan) -> list[tuple[str, str]]:
-        """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns."""
+    def ensure_table(self, plan: TablePlan, *, defer_creation: bool = False) -> list[tuple[str, str]]:
+        """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns.
+        ``defer_creation`` is not supported: an Iceberg table is always created here."""
+        del defer_creation
         path = self.table_path(plan.database, plan.schema, plan.table)
         cached = self._columns.get(path)
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
