@@ -662,3 +662,32 @@ def test_a_table_another_writer_creates_first_gets_its_rows_by_a_merge(spark, tm
     assert sorted((r["id"], r["v"]) for r in read_table(path)) == [(1, "newer"), (2, "two")]
     operations = [row["operation"] for row in DeltaTable.forPath(spark, path).history().orderBy("version").collect()]
     assert [op for op in operations if op != "OPTIMIZE"] == [CREATED_WITH_ROWS, "MERGE"]
+
+
+def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: Path) -> None:
+    """A creation with rows killed before its commit leaves data files and no Delta table, and Spark's catalog then
+    refuses to create a table there. The next run creates it beside them, with cdclake's properties and the batch's
+    marker; the files no commit lists are not read."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from tests.formats.golden import messages_frame
+
+    lake = tmp_path / "lake"
+    table = lake / "crm" / "t"
+    spark.range(3).selectExpr("id", "'killed' AS v").write.parquet(str(table))  # files of the killed write
+    lines = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(2)], TYPES)]
+    frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
+    settings = PipelineSettings(lake=str(lake), app_id="again", default_format="canal-json")
+
+    Pipeline(spark, settings).process_batch(frame, 4)
+    assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == [(0, "v0"), (1, "v1")]
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(str(table)).select("id", "v").collect()) == [
+        (0, "v0"),
+        (1, "v1"),
+    ]
+    created = _log_actions(table, 0)
+    assert (created["txn"]["appId"], created["txn"]["version"]) == ("again", 4)
+    detail = DeltaTable.forPath(spark, str(table)).detail().first()
+    assert detail is not None
+    properties = detail["properties"]
+    assert (properties["cdclake.keyColumns"], properties["cdclake.source"]) == ("id", "crm.t")
+    assert properties["delta.dataSkippingStatsColumns"] == "`id`,_cdc_position"

@@ -319,6 +319,11 @@ def merge_statement(
     )
 
 
+def _already_exists(error: Exception) -> bool:
+    """Whether ``error`` is Spark's refusal to create a table that its catalog finds there."""
+    return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
+
+
 def _may_gate(lowest_orders: Mapping[str, str | None]) -> Column:
     """Over the tombstones table: the tombstones of the tables of ``lowest_orders`` that are ordered at or after the
     table's lowest order (all of a table's tombstones when that is None).
@@ -800,27 +805,40 @@ class DeltaSink:
                 for column, value in statement.insert_values.items()
             )
         )
-        writer = rows.writeTo(f"delta.{quote(path)}").using("delta")
-        for name, value in self._creation_properties(plan).items():
-            writer = writer.tableProperty(name, value)
+        properties = self._creation_properties(plan)
         app_id = self.spark.conf.get(TXN_APP_ID, None)
-        if app_id:  # the marker of the enclosing idempotent() block, as options of the write (as append() does)
-            writer = writer.option("txnAppId", app_id).option("txnVersion", str(self.spark.conf.get(TXN_VERSION)))
+        # The marker of the enclosing idempotent() block, as options of the write (as append() does).
+        marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
+        writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
+        for name, value in properties.items():
+            writer = writer.tableProperty(name, value)
         try:
             writer.create()
         except (Py4JJavaError, CapturedException) as exc:
-            if not self._created_meanwhile(exc):
+            if self._conflict_name(exc, jvm_causes(exc)) is None and not _already_exists(exc):
                 raise
-            log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
-            return False
+            if self._exists(path):
+                log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
+                return False
+            self._create_beside_leftovers(path, rows, properties, marker)
         self._columns[path] = list(table_columns)
         return True
 
-    def _created_meanwhile(self, error: Exception) -> bool:
-        """Whether ``error``, raised by a creation of a table, says that the table exists by now."""
-        if self._conflict_name(error, jvm_causes(error)) is not None:
-            return True
-        return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
+    def _create_beside_leftovers(
+        self, path: str, rows: DataFrame, properties: Mapping[str, str], marker: Mapping[str, str]
+    ) -> None:
+        """Creates the table at ``path`` with ``rows`` where files but no Delta table are: a creation with rows that
+        was killed before its commit left its data files, and Spark's catalog then holds the path for a table that
+        exists (``TABLE_OR_VIEW_ALREADY_EXISTS``). Delta's path writer does not look at files no commit lists, so
+        it creates the table there; it takes only ``delta.*`` properties, so cdclake's own follow in a second commit.
+        Deleting the files instead would not be safe: they may be another writer's, about to commit."""
+        log.warning("%s holds files but no Delta table (a write killed before its commit): created beside them", path)
+        delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
+        rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)
+        listed = ", ".join(
+            f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items() if k not in delta_properties
+        )
+        self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({listed})")
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
         """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given),
