@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -762,10 +763,10 @@ class Pipeline:
         not two. Not when the batch declares other types for its columns than the plan's: reconciling them
         (``reconcile_types``) needs the table.
         """
-        paths = [self._path_of(plan) for plan in plans]
+        plans_per_path = Counter(self._path_of(plan) for plan in plans)
 
         def ensure(plan: apply.TablePlan) -> tuple[list[tuple[str, str]], dict[str, str]]:
-            alone = paths.count(self._path_of(plan)) == 1 and plan.truncate_order is None
+            alone = plans_per_path[self._path_of(plan)] == 1 and plan.truncate_order is None
             columns = self.sink.ensure_table(plan, defer_creation=alone)
             if self.sink.awaits_creation(plan):
                 if all(plan.declared_types.get(name.lower(), set()) <= {t} for name, t in columns):
