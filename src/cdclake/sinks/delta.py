@@ -430,8 +430,8 @@ class DeltaSink:
         self._table_sizes: dict[str, int] = {}
         self._switch_to_deletion_vectors: set[str] = set()
         self._with_deletion_vectors: set[str] = set()
-        # Tables that ensure_table(defer_creation=True) found missing, by path: their first write creates them.
-        self._awaiting_creation: dict[str, TablePlan] = {}
+        # Paths of the tables that ensure_table(defer_creation=True) found missing: their first write creates them.
+        self._awaiting_creation: set[str] = set()
         self.conflicts_retried = 0
         """Commits tried again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
 
@@ -523,11 +523,11 @@ class DeltaSink:
         cached = self._columns.get(path)
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
-        self._awaiting_creation.pop(path, None)
+        self._awaiting_creation.discard(path)
         if not self._exists(path):
             fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
             if defer_creation:
-                self._awaiting_creation[path] = plan
+                self._awaiting_creation.add(path)
                 return [(f.name, f.dataType.simpleString()) for f in fields]
             fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(StructType(fields))
@@ -769,7 +769,8 @@ class DeltaSink:
         path = self.table_path(plan.database, plan.schema, plan.table)
         statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
         if path in self._awaiting_creation:
-            if self._create_with_rows(path, self._awaiting_creation.pop(path), table_columns, statement):
+            self._awaiting_creation.remove(path)
+            if self._create_with_rows(path, plan, table_columns, statement):
                 self.merged(path)
                 return
             self.ensure_table(plan)  # another writer created it first: its columns, then a MERGE as into any table
