@@ -116,8 +116,11 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "count-only-compaction": lambda spark: session_settings(
         spark, {"spark.databricks.delta.autoCompact.modifiedPartitionsOnly.enabled": "false"}
     ),
-    # Delta's optimized write on every commit (shuffled once more, one file per 512 MiB), as history tables have.
-    "optimize-write": lambda spark: session_settings(spark, {"spark.databricks.delta.optimizeWrite.enabled": "true"}),
+    # Writes without Delta's optimized write, which every table cdclake creates has (before delta.TABLE_PROPERTIES
+    # had it; the session setting overrides the table property).
+    "no-optimize-write": lambda spark: session_settings(
+        spark, {"spark.databricks.delta.optimizeWrite.enabled": "false"}
+    ),
     "no-checksum": lambda spark: session_settings(spark, {"spark.databricks.delta.writeChecksumFile.enabled": "false"}),
     "snapshot-1-no-checksum": lambda spark: session_settings(
         spark,

@@ -66,6 +66,16 @@ def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[n
     return lake
 
 
+@pytest.fixture
+def files_per_partition(spark):  # type: ignore[no-untyped-def]
+    """Writes without Delta's optimized write, which cdclake's tables have (TABLE_PROPERTIES): one file per shuffle
+    partition that holds rows, so the files a commit adds show the partitions it ran on."""
+    spark.conf.set("spark.databricks.delta.optimizeWrite.enabled", "false")
+    yield
+    spark.conf.unset("spark.databricks.delta.optimizeWrite.enabled")
+
+
+@pytest.mark.usefixtures("files_per_partition")
 def test_merges_of_many_tables_share_the_shuffle_partitions(spark, tmp_path: Path) -> None:
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     assert int(partitions) >= 2, "the test session must have partitions to share"
@@ -78,14 +88,21 @@ def test_merges_of_many_tables_share_the_shuffle_partitions(spark, tmp_path: Pat
     assert spark.conf.get("spark.databricks.delta.merge.materializeSource", None) in (None, "auto")
 
 
+@pytest.mark.usefixtures("files_per_partition")
 def test_the_merge_of_a_single_table_keeps_every_partition(spark, tmp_path: Path) -> None:
     lake = _replay(spark, tmp_path, ["only"])
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
-    # The creation is an optimized write (one file for small rows), so auto compaction, which compacts each table on
-    # its first file-adding commit in a process, finds nothing to compact: no OPTIMIZE after it.
-    assert _writes(lake / "crm" / "only") == [(CREATED_WITH_ROWS, 40, 1), ("MERGE", 40, partitions)]
-    operations = [row["operation"] for row in DeltaTable.forPath(spark, str(lake / "crm" / "only")).history().collect()]
-    assert operations == ["MERGE", CREATED_WITH_ROWS]
+    assert _writes(lake / "crm" / "only") == [(CREATED_WITH_ROWS, 40, partitions), ("MERGE", 40, partitions)]
+
+
+def test_writes_are_optimized_so_a_new_table_is_not_compacted_at_once(spark, tmp_path: Path) -> None:
+    lake = _replay(spark, tmp_path, ["only"])
+    # Optimized writes (one file for small rows), so auto compaction, which compacts each table on its first
+    # file-adding commit in a process, finds nothing to compact after the creation: no OPTIMIZE.
+    assert _writes(lake / "crm" / "only") == [(CREATED_WITH_ROWS, 40, 1), ("MERGE", 40, 1)]
+    table = DeltaTable.forPath(spark, str(lake / "crm" / "only"))
+    assert [row["operation"] for row in table.history().collect()] == ["MERGE", CREATED_WITH_ROWS]
+    assert table.detail().first()["properties"]["delta.autoOptimize.optimizeWrite"] == "true"  # type: ignore[index]
 
 
 def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> None:

@@ -64,18 +64,17 @@ TABLE_PROPERTIES: Final = {
     # adds one per task), and every later MERGE or read pays for each file. Delta's auto compaction bin-packs a
     # table's small files right after the commit that brings them to 50 (spark.databricks.delta.autoCompact.*).
     "delta.autoOptimize.autoCompact": "true",
+    # Delta's optimized write: a commit's rows are shuffled once more and written as one file per 512 MiB
+    # (spark.databricks.delta.optimizeWrite.binSize) instead of one per shuffle partition. Fewer small files to
+    # compact, and a new table's first commit no longer gets compacted at once: auto compaction compacts every table
+    # on its first file-adding commit in a process, and that was an OPTIMIZE rewriting the creation's files into one.
+    # Measured on 2 cores, batches after the first, time with / time without (python -m benchmarks.ab, variant
+    # no-optimize-write as A): 10 tables 0.96, 1 table 0.89, 100 tables 0.85, 1 table in 250,000-event batches 0.86.
+    # python -m benchmarks.first_write, a new table created with its rows: 1.73 -> 1.06 s, its next MERGE
+    # 1.64 -> 0.71 s; created empty and then MERGEd into: 2.99 -> 2.20 s.
+    "delta.autoOptimize.optimizeWrite": "true",
 }
 """Properties of every table cdclake creates (lake tables, history tables, bookkeeping tables)."""
-
-CREATION_WRITE_OPTIONS: Final = {
-    # Delta's optimized write: the rows are shuffled once more and written as one file per 512 MiB
-    # (spark.databricks.delta.optimizeWrite.binSize). Without it a new table got one small file per shuffle
-    # partition, and auto compaction, which compacts every table on its first file-adding commit in a process, at
-    # once rewrote them into one: an OPTIMIZE commit after every creation (measured, 2 cores, 200 rows: 4.68 s with
-    # it, 3.44 s without; python -m benchmarks.first_write).
-    "optimizeWrite": "true",
-}
-"""Write options of the commit that creates a lake table with its first rows (:meth:`DeltaSink.merge`)."""
 
 TXN_APP_ID: Final = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
@@ -86,7 +85,6 @@ DeletionVectors = Literal["auto", "always", "never"]
 enough."""
 DELETION_VECTOR_MODES: Final = get_args(DeletionVectors)
 ENABLE_DELETION_VECTORS: Final = "delta.enableDeletionVectors"
-OPTIMIZE_WRITE: Final = "delta.autoOptimize.optimizeWrite"
 
 
 def with_table_properties(builder: DeltaTableBuilder) -> DeltaTableBuilder:
@@ -803,9 +801,10 @@ class DeltaSink:
         and a MERGE. False, having changed nothing, when the table exists by then (another writer created it).
 
         Measured on 2 cores, warm, 200 rows (python -m benchmarks.first_write): created and then MERGEd into,
-        2.99 s; created with its rows, 1.73 s. Version 0 is written only if absent, so two writers that both find
-        the table missing cannot both create it: the second sees a conflict and MERGEs instead. (A plain append
-        after an empty creation would not do: a concurrent MERGE of the same key would not conflict with it.)
+        2.99 s; created with its rows, 1.73 s (2.20 s and 1.06 s since optimized writes). Version 0 is written only
+        if absent, so two writers that both find the table missing cannot both create it: the second sees a conflict
+        and MERGEs instead. (A plain append after an empty creation would not do: a concurrent MERGE of the same key
+        would not conflict with it.)
         """
         typed = {quote(name): (name, t) for name, t in table_columns} | {n: (n, t) for n, t in METADATA_COLUMNS}
         source = statement.source.alias("s")
@@ -821,8 +820,7 @@ class DeltaSink:
         app_id = self.spark.conf.get(TXN_APP_ID, None)
         # The marker of the enclosing idempotent() block, as options of the write (as append() does).
         marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
-        options = {**CREATION_WRITE_OPTIONS, **marker}
-        writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**options)
+        writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
         try:
@@ -833,12 +831,12 @@ class DeltaSink:
             if self._exists(path):
                 log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
                 return False
-            self._create_beside_leftovers(path, rows, properties, options)
+            self._create_beside_leftovers(path, rows, properties, marker)
         self._columns[path] = list(table_columns)
         return True
 
     def _create_beside_leftovers(
-        self, path: str, rows: DataFrame, properties: Mapping[str, str], options: Mapping[str, str]
+        self, path: str, rows: DataFrame, properties: Mapping[str, str], marker: Mapping[str, str]
     ) -> None:
         """Creates the table at ``path`` with ``rows`` where files but no Delta table are: a creation with rows that
         was killed before its commit left its data files, and Spark's catalog then holds the path for a table that
@@ -847,7 +845,7 @@ class DeltaSink:
         Deleting the files instead would not be safe: they may be another writer's, about to commit."""
         log.warning("%s holds files but no Delta table (a write killed before its commit): created beside them", path)
         delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
-        rows.write.format("delta").mode("errorifexists").options(**delta_properties, **options).save(path)
+        rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)
         listed = ", ".join(
             f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items() if k not in delta_properties
         )
@@ -967,19 +965,14 @@ class DeltaSink:
         self, path: str, schema: StructType, properties: Mapping[str, str], statistics: Sequence[str]
     ) -> None:
         """Creates the table at ``path`` unless it exists; ``statistics``: the quoted columns to keep min/max
-        statistics for (the MERGE conditions and lookups).
-
-        History tables have optimized writes (``delta.autoOptimize.optimizeWrite``): their MERGEs mostly insert a
-        batch's events, which Delta then writes as one file per 512 MiB instead of one per shuffle partition: fewer
-        small files to compact, and no OPTIMIZE right after the first MERGE (auto compaction compacts each table on
-        its first file-adding commit in a process, which for a new table is that MERGE)."""
+        statistics for (the MERGE conditions and lookups)."""
         builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
         for name, value in properties.items():
             builder = builder.property(name, value)
         with_table_properties(
-            builder.property("delta.dataSkippingStatsColumns", ",".join(statistics))
-            .property(ENABLE_DELETION_VECTORS, self.deletion_vectors_at_creation)
-            .property(OPTIMIZE_WRITE, "true")
+            builder.property("delta.dataSkippingStatsColumns", ",".join(statistics)).property(
+                ENABLE_DELETION_VECTORS, self.deletion_vectors_at_creation
+            )
         ).execute()
 
     def add_history_columns(self, path: str, listed: str) -> None:
