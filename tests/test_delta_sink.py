@@ -14,6 +14,7 @@ from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from cdclake.sinks import delta
 from cdclake.sinks.delta import DeltaSink
+from cdclake.spark import session_settings
 from tests.test_ddl import ddl_message, row_message
 
 pytestmark = pytest.mark.spark
@@ -70,9 +71,8 @@ def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[n
 def files_per_partition(spark):  # type: ignore[no-untyped-def]
     """Writes without Delta's optimized write, which cdclake's tables have (TABLE_PROPERTIES): one file per shuffle
     partition that holds rows, so the files a commit adds show the partitions it ran on."""
-    spark.conf.set("spark.databricks.delta.optimizeWrite.enabled", "false")
-    yield
-    spark.conf.unset("spark.databricks.delta.optimizeWrite.enabled")
+    with session_settings(spark, {"spark.databricks.delta.optimizeWrite.enabled": "false"}):
+        yield
 
 
 @pytest.mark.usefixtures("files_per_partition")
