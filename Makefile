@@ -27,10 +27,11 @@ jars/%/lib/.copied: jars/%/pom.xml jars/maven-settings.xml
 demo: setup
 	$(PY) -m cdclake.demo
 
-# Test files are spread over TEST_WORKERS processes (pytest-xdist), each with its own Spark session and broker.
+# Test files are spread over TEST_WORKERS processes (pytest-xdist), each with its own Spark session and broker, the
+# longest files first (tests/conftest.py; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 # Benchmarks with their targets (benchmarks/README.md); both exit 0 even when a target fails.
 bench: setup

@@ -61,18 +61,33 @@ def lake(tmp_path: Path) -> str:
     return str(tmp_path / "lake")
 
 
-# The longest test files first, so that pytest-xdist (`--dist loadfile`) does not end with one worker running a long
-# file while the other idles. Minutes on 2 cores, measured; files not listed keep their order after these.
+# The longest test files first (seconds on 2 busy cores, a full run of the suite), so that pytest-xdist
+# (`--dist loadfile`) hands them out first and does not end with one worker running a long file while the other
+# idles. `make test` passes `--no-loadscope-reorder`: by default xdist orders files by their number of tests instead,
+# which sent the single-test files (test_stream_kill, 110 s) last. Files not listed keep their order after these.
 _LONG_FILES = (
-    "tests/e2e/test_stream_kill.py",
-    "tests/e2e/test_stream.py",
-    "tests/test_transactions.py",
-    "tests/test_history.py",
-    "tests/e2e/test_replay.py",
-    "tests/e2e/test_rendered_streams.py",
-    "tests/e2e/test_property_streams.py",
-    "tests/test_dlq.py",
-    "tests/test_ddl.py",
+    "tests/test_delta_sink.py",  # 504
+    "tests/e2e/test_rendered_streams.py",  # 436
+    "tests/e2e/test_replay.py",  # 400
+    "tests/test_history.py",  # 366
+    "tests/test_dlq.py",  # 263
+    "tests/test_transactions.py",  # 233
+    "tests/formats/test_golden.py",  # 205
+    "tests/test_iceberg_sink.py",  # 189
+    "tests/e2e/test_format_replay.py",  # 148
+    "tests/test_deletion_vectors.py",  # 145
+    "tests/test_maintain.py",  # 131
+    "tests/formats/test_lambda_invariants.py",  # 119
+    "tests/e2e/test_stream_kill.py",  # 110
+    "tests/formats/test_plan_reuse.py",  # 104
+    "tests/benchmarks/test_harness.py",  # 98
+    "tests/e2e/test_routes.py",  # 98
+    "tests/test_ddl.py",  # 93
+    "tests/e2e/test_stream.py",  # 89
+    "tests/test_session.py",  # 83
+    "tests/e2e/test_qlik_metadata.py",  # 62
+    "tests/devtools/test_broker.py",  # 60
+    "tests/e2e/test_property_streams.py",  # 51
 )
 
 

@@ -217,8 +217,19 @@ def exact_text_image(image: Column) -> Column:
     with this: reading a JSON number straight into a STRING goes through a double in Spark's JSON reader
     (``12345678901234567890.1234`` -> ``1.2345678901234567E19``); a VARIANT keeps the decimal exactly. Strings come
     out unquoted, JSON null as SQL NULL, nested objects and arrays as JSON text.
+
+    A cast of the whole map (generated code), not ``transform_values`` (a lambda, evaluated value by value without
+    code generation): the same texts, and with the decode benchmark's workloads (20,000 events, 2 cores, best of 3,
+    interleaved) Canal 2.29 -> 2.03 s, Maxwell 4.25 -> 3.88 s, Qlik JSON 4.73 -> 4.40 s, Shareplex 1.70 -> 1.62 s.
+    An array of images: cast it to ``ARRAY<MAP<STRING, STRING>>`` (:data:`EXACT_TEXT_IMAGES`).
     """
-    return F.transform_values(image, lambda _k, v: v.cast("string"))
+    return image.cast(EXACT_TEXT_IMAGE)
+
+
+EXACT_TEXT_IMAGE: Final = "map<string, string>"
+"""The type :func:`exact_text_image` casts a ``MAP<STRING, VARIANT>`` image to."""
+EXACT_TEXT_IMAGES: Final = f"array<{EXACT_TEXT_IMAGE}>"
+"""An array of ``MAP<STRING, VARIANT>`` images cast to this is each image's :func:`exact_text_image`."""
 
 
 def with_missing_as_null(row: Column, names: Column) -> Column:

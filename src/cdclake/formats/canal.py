@@ -29,11 +29,11 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import (
+    EXACT_TEXT_IMAGES,
     MESSAGE_VALUE,
     CdcFormat,
     DecodeFn,
     FormatOptions,
-    exact_text_image,
     finish,
     first_error,
     op_from_code,
@@ -411,8 +411,8 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     op = F.when(
         (op == Op.DDL.value) & truncates_table(m["sql"], table, database, schema), F.lit(Op.TRUNCATE.value)
     ).otherwise(op)
-    data = F.transform(m["data"], lambda r: exact_text_image(r))
-    old = F.transform(m["old"], lambda r: exact_text_image(r))
+    data = m["data"].cast(EXACT_TEXT_IMAGES)  # each row's exact_text_image
+    old = m["old"].cast(EXACT_TEXT_IMAGES)
     is_delete = op == Op.DELETE.value
     if dialect.delete_row_in == "old":
         # drs.md section 2: DRS JSON puts the deleted row in `old` (data null).
