@@ -106,8 +106,8 @@ def test_writes_are_optimized_so_a_new_table_is_not_compacted_at_once(spark, tmp
 
 
 def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> None:
-    # One message per batch: each batch's MERGE adds a file (4 files without compaction). Compaction starts at 2
-    # small files here (50 by default).
+    # One message per batch: each insert adds a file, so without compaction the table would end with at least 3 (4
+    # inserts; the delete removes row 0, alone in its file). Compaction starts at 2 small files here (50 by default).
     messages = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"}], TYPES) for i in range(4)]
     messages.append(row_message("DELETE", "t", [{"id": "0", "v": "v0"}], TYPES))
     capture = tmp_path / "capture.jsonl"
