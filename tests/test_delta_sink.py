@@ -113,11 +113,8 @@ def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> Non
     capture = tmp_path / "capture.jsonl"
     capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
     lake = tmp_path / "lake"
-    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "2")
-    try:
+    with session_settings(spark, {"spark.databricks.delta.autoCompact.minNumFiles": "2"}):
         replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)], batch_lines=1)
-    finally:
-        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
     table = DeltaTable.forPath(spark, str(lake / "crm" / "t"))
     operations = [row["operation"] for row in table.history().collect()]
     assert operations[-1] == CREATED_WITH_ROWS  # the first batch's
