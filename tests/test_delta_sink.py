@@ -208,7 +208,7 @@ def test_source_tables_sharing_a_lake_table_are_all_applied_once_per_batch(spark
     """Two schemas of one database (``CAT.S1.T`` and ``CAT.S2.T``) land in one lake table, ``<lake>/CAT/T``, and a
     batch holds changes of both. Their MERGEs (and history writes) go in turn, each with its own commit marker:
     concurrent, the two commits to one table conflict; in turn under the batch's one marker, Delta would skip the
-    second as already committed. Re-running the batch commits nothing more."""
+    second as already committed. Re-running the batch commits nothing more, its progress rows included."""
     from cdclake.pipeline import Pipeline, PipelineSettings
     from tests.formats.golden import messages_frame
 
@@ -225,9 +225,10 @@ def test_source_tables_sharing_a_lake_table_are_all_applied_once_per_batch(spark
     assert sorted((r["ID"], r["V"]) for r in read_table(str(table))) == expected
     assert sorted((r["ID"], r["V"]) for r in read_table(str(changelog))) == expected
 
-    commits = (_commits(table), _commits(changelog))
+    progress = lake / "_cdclake" / "progress"
+    commits = (_commits(table), _commits(changelog), _commits(progress))
     Pipeline(spark, settings).process_batch(frame, 0)  # a re-run after a crash, in a new process
-    assert (_commits(table), _commits(changelog)) == commits
+    assert (_commits(table), _commits(changelog), _commits(progress)) == commits
     assert sorted((r["ID"], r["V"]) for r in read_table(str(table))) == expected
     assert len(read_table(str(changelog))) == 5
 

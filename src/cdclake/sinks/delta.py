@@ -9,9 +9,11 @@ Layout under the lake directory::
     <lake>/_cdclake/schema_changes     DDL events as received
     <lake>/_cdclake/pending_transactions  raw messages of open source transactions (transaction-consistent mode)
 
-Exactly once: every commit of a batch carries Delta's idempotent-writer marker (``txnAppId`` = the pipeline's
-app id, ``txnVersion`` = the batch id), so a batch re-run after a crash skips the commits that already happened;
-on top of that, row changes are gated by order, so re-applying a change is a no-op.
+Exactly once: every commit of a batch carries a marker (:class:`Txn`: the pipeline's app id and the batch id), so a
+batch re-run after a crash skips the commits that already happened. Lake tables' commits carry it as Delta's
+idempotent-writer marker (``txnAppId`` / ``txnVersion``); bookkeeping appends carry it in their rows
+(:meth:`DeltaSink.append` says why). On top of that, row changes are gated by order, so re-applying a change is a
+no-op.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import random
 import re
 import statistics
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -76,9 +79,27 @@ TABLE_PROPERTIES: Final = {
 }
 """Properties of every table cdclake creates (lake tables, history tables, bookkeeping tables)."""
 
+MARKER_APP_COLUMN: Final = "_cdc_txn_app_id"
+MARKER_VERSION_COLUMN: Final = "_cdc_txn_version"
+"""Columns of the rows of a bookkeeping append: the commit marker (:class:`Txn`) of the append that wrote them
+(:meth:`DeltaSink.append`); null in rows appended without one. :meth:`DeltaSink.read_system` leaves them out."""
+
 TXN_APP_ID: Final = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION: Final = "spark.databricks.delta.write.txnVersion"
 """The session settings of Delta's idempotent-writer marker (:meth:`DeltaSink.idempotent`)."""
+
+
+@dataclass
+class _AppendedVersions:
+    """App id -> newest marker version among a bookkeeping table's appends of version ``since`` or later (an app id
+    not listed has none of them)."""
+
+    since: int
+    newest: dict[str, int]
+
+
+_UNREAD: Final = _AppendedVersions(-1, {})
+"""Stands for a table whose appended versions a sink has not read yet."""
 
 DeletionVectors = Literal["auto", "always", "never"]
 """When lake and history tables use Delta deletion vectors (:class:`DeltaSink`): ``auto`` once their MERGEs rewrite
@@ -441,6 +462,10 @@ class DeltaSink:
         self._with_deletion_vectors: set[str] = set()
         # Paths of the tables that ensure_table(defer_creation=True) found missing: their first write creates them.
         self._awaiting_creation: set[str] = set()
+        # Bookkeeping table path -> the newest marker versions appended there (read from its rows once, then kept
+        # from this sink's own appends); None for a table from before the marker columns (Delta's markers).
+        self._appended: dict[str, _AppendedVersions | None] = {}
+        self._appended_lock = threading.Lock()
         self.conflicts_retried = 0
         """Commits tried again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
 
@@ -479,11 +504,71 @@ class DeltaSink:
             conf.unset(TXN_VERSION)
 
     def append(self, name: str, rows: DataFrame, txn: Txn | None) -> None:
-        """Appends to a bookkeeping table under ``_cdclake`` (created on first use), once per ``txn``."""
-        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
+        """Appends to a bookkeeping table under ``_cdclake`` (created on first use), once per ``txn``: skipped when
+        the table holds an append of ``txn.app_id`` with that version or a later one (Delta's idempotent-writer rule).
+
+        The rows carry the marker (:data:`MARKER_APP_COLUMN`, :data:`MARKER_VERSION_COLUMN`) instead of Delta's
+        writer options: with those, Delta looks the app's last version up in the table's full state on every append,
+        a log-replay job that made a 2-row append take 0.74 s instead of 0.27-0.30 s on 2 cores (AGENTS.md). The
+        newest version per app id is read from the rows once per sink and table, then kept from the sink's own
+        appends: the only batch Structured Streaming runs again is the first one after a start, and a pipeline's app
+        id has one writer at a time (its checkpoint's, or its replay's own). After an append fails, the rows are
+        read again (it may have committed). A table from before these columns keeps Delta's writer options in this
+        sink, since its earlier appends are marked only there; its rows get the columns from then on."""
+        path = self.system_path(name)
+        writer_options: dict[str, str] = {}
         if txn is not None:
-            writer = writer.option("txnAppId", f"{txn.app_id}").option("txnVersion", txn.version)
-        writer.save(self.system_path(name))
+            appended = self._appended_versions(path, txn.version)
+            if appended is None:
+                writer_options = {"txnAppId": txn.app_id, "txnVersion": str(txn.version)}
+            elif appended.newest.get(txn.app_id, -1) >= txn.version:
+                log.info("skipping append %s of %s to %s: already appended", txn.version, txn.app_id, name)
+                return
+            rows = rows.withColumns(
+                {
+                    MARKER_APP_COLUMN: F.lit(txn.app_id),
+                    MARKER_VERSION_COLUMN: F.lit(txn.version).cast("bigint"),
+                }
+            )
+        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
+        try:
+            writer.options(**writer_options).save(path)
+        except BaseException:
+            with self._appended_lock:
+                if self._appended.get(path) is not None:
+                    del self._appended[path]
+            raise
+        if txn is not None:
+            with self._appended_lock:
+                appended = self._appended.get(path)
+                if appended is not None:
+                    appended.newest[txn.app_id] = max(appended.newest.get(txn.app_id, -1), txn.version)
+
+    def _appended_versions(self, path: str, version: int) -> _AppendedVersions | None:
+        """The newest marker versions of the appends to the bookkeeping table at ``path``, known at least from
+        ``version`` up (see :meth:`append`); None when the table has rows from before the marker columns."""
+        with self._appended_lock:
+            known = self._appended.get(path, _UNREAD)
+            if known is _UNREAD or (known is not None and version < known.since):
+                known = self._read_appended_versions(path, version)
+                self._appended[path] = known
+            return known
+
+    def _read_appended_versions(self, path: str, since: int) -> _AppendedVersions | None:
+        if not self._exists(path):
+            return _AppendedVersions(since, {})
+        table = self.spark.read.format("delta").load(path)
+        if MARKER_APP_COLUMN not in table.columns:
+            return None
+        # Only versions from ``since`` up: by the files' statistics of the version column, a table appended to in
+        # batch order reads its newest files only, however many batches it holds.
+        newest = (
+            table.where(F.col(MARKER_VERSION_COLUMN) >= since)
+            .groupBy(MARKER_APP_COLUMN)
+            .agg(F.max(MARKER_VERSION_COLUMN))
+            .collect()
+        )
+        return _AppendedVersions(since, {row[0]: row[1] for row in newest})
 
     def replace_partition(
         self,
@@ -1226,8 +1311,11 @@ class DeltaSink:
         return self.spark.read.format("delta").load(path).count()
 
     def read_system(self, name: str) -> DataFrame | None:
+        """A bookkeeping table's rows, without the marker columns of its appends; None when it does not exist."""
         path = self.system_path(name)
-        return self.spark.read.format("delta").load(path) if self._exists(path) else None
+        if not self._exists(path):
+            return None
+        return self.spark.read.format("delta").load(path).drop(MARKER_APP_COLUMN, MARKER_VERSION_COLUMN)
 
     def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
         """The key columns the table was created with (``cdclake.keyColumns``); None when the table does not exist
@@ -1246,4 +1334,5 @@ class DeltaSink:
             return None
         version = DeltaTable.forPath(self.spark, path).history(1).select("version").first()
         assert version is not None
-        return self.spark.read.format("delta").option("versionAsOf", version[0]).load(path)
+        table = self.spark.read.format("delta").option("versionAsOf", version[0]).load(path)
+        return table.drop(MARKER_APP_COLUMN, MARKER_VERSION_COLUMN)
