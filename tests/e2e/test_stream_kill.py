@@ -69,7 +69,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(spark,
     table, a truncate, an added column) is streamed by `cdclake run` with changelog and SCD2 tables, SIGKILLed at
     a random moment of its batches (the case and moment are printed on failure), and finished by a restart from the
     same checkpoint: the lake must equal the truth, so must the SCD2 tables' live rows, and no changelog may hold an
-    event twice."""
+    event twice, nor the dead letters and progress tables a row."""
     chance = random.Random()
     chosen = os.environ.get("CDCLAKE_KILL_CASE")
     format_name, table_format = tuple(chosen.split("/", 1)) if chosen else chance.choice(KILLED)
@@ -113,6 +113,11 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(spark,
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters")
     assert dead.select("partition", "offset").distinct().count() == malformed, note
+    assert dead.count() == malformed, f"{note}: a dead letter recorded twice"
+    # The batch that was killed ran again: its bookkeeping appends, each once (DeltaSink.append's markers).
+    progress = spark.read.format("delta").load(f"{lake}/_cdclake/progress")
+    recorded = progress.select("batch_id", "scope", "database", "schema", "table", "topic", "partition")
+    assert recorded.count() == recorded.distinct().count(), f"{note}: a batch's progress recorded twice"
     truth = stream.expected_truth(history)
     comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
     assert all(r.ok for r in comparison), f"{note}\n{describe(comparison)}"
