@@ -81,6 +81,7 @@ TABLE_PROPERTIES: Final = {
 
 MARKER_APP_COLUMN: Final = "_cdc_txn_app_id"
 MARKER_VERSION_COLUMN: Final = "_cdc_txn_version"
+MARKER_COLUMNS: Final = (MARKER_APP_COLUMN, MARKER_VERSION_COLUMN)
 """Columns of the rows of a bookkeeping append: the commit marker (:class:`Txn`) of the append that wrote them
 (:meth:`DeltaSink.append`); null in rows appended without one. :meth:`DeltaSink.read_system` leaves them out."""
 
@@ -97,9 +98,6 @@ class _AppendedVersions:
     since: int
     newest: dict[str, int]
 
-
-_UNREAD: Final = _AppendedVersions(-1, {})
-"""Stands for a table whose appended versions a sink has not read yet."""
 
 DeletionVectors = Literal["auto", "always", "never"]
 """When lake and history tables use Delta deletion vectors (:class:`DeltaSink`): ``auto`` once their MERGEs rewrite
@@ -549,10 +547,12 @@ class DeltaSink:
         """The newest marker versions of the appends to the bookkeeping table at ``path``, known at least from
         ``version`` up (see :meth:`append`); None when the table has rows from before the marker columns."""
         with self._appended_lock:
-            known = self._appended.get(path, _UNREAD)
-            if known is _UNREAD or (known is not None and version < known.since):
-                known = self._read_appended_versions(path, version)
-                self._appended[path] = known
+            if path in self._appended:
+                known = self._appended[path]
+                if known is None or version >= known.since:
+                    return known
+            known = self._read_appended_versions(path, version)
+            self._appended[path] = known
             return known
 
     def _read_appended_versions(self, path: str, since: int) -> _AppendedVersions | None:
@@ -1316,7 +1316,7 @@ class DeltaSink:
         path = self.system_path(name)
         if not self._exists(path):
             return None
-        return self.spark.read.format("delta").load(path).drop(MARKER_APP_COLUMN, MARKER_VERSION_COLUMN)
+        return self.spark.read.format("delta").load(path).drop(*MARKER_COLUMNS)
 
     def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
         """The key columns the table was created with (``cdclake.keyColumns``); None when the table does not exist
@@ -1336,4 +1336,4 @@ class DeltaSink:
         version = DeltaTable.forPath(self.spark, path).history(1).select("version").first()
         assert version is not None
         table = self.spark.read.format("delta").option("versionAsOf", version[0]).load(path)
-        return table.drop(MARKER_APP_COLUMN, MARKER_VERSION_COLUMN)
+        return table.drop(*MARKER_COLUMNS)
