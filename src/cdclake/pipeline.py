@@ -613,7 +613,9 @@ class Pipeline:
     ) -> None:
         """Applies the batch's row events; for the ``affected_ids`` tables, whose lake tables a DDL statement of the
         batch changes, in segments: the rows ordered before the statement, the statement, the rows after it (each
-        step with its own commit marker)."""
+        step with its own commit marker). The other tables' rows go with the first segment (the batch's marker):
+        nothing of theirs waits for a statement, and a round of planning, folding and MERGEs of its own cost them
+        about a second (rendered streams of 3 tables with an added column, second batch: 9.7 -> 8.8 s)."""
         if not steps:
             self._apply_events(good, batch_id, txn, result)
             return
@@ -621,13 +623,14 @@ class Pipeline:
         affected = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).isin(
             *sorted(affected_ids)
         )
-        self._apply_events(good.where(~affected), batch_id, txn, result)
         lower: str | None = None
         for index, step in enumerate(steps):
             segment = affected & (order <= F.lit(step.order))
-            if lower is not None:
+            if lower is None:
+                self._apply_events(good.where(segment | ~affected), batch_id, txn, result)
+            else:
                 segment = segment & (order > F.lit(lower))
-            self._apply_events(good.where(segment), batch_id, _sub_txn(txn, f"ddl{index}/rows"), result)
+                self._apply_events(good.where(segment), batch_id, _sub_txn(txn, f"ddl{index}/rows"), result)
             with result.timed("ddl"):
                 # A dropped or truncated table is remembered in the tombstones table, which the background writer
                 # may be appending to (and creating): one writer at a time.
