@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from delta.tables import DeltaTable
@@ -614,12 +614,13 @@ def _log_actions(table: Path, version: int) -> dict[str, Any]:
     }
 
 
-def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_commit(spark, tmp_path: Path) -> None:
-    """A batch that finds its tables missing creates each with the rows the batch leaves (one commit, the batch's
-    marker, cdclake's table properties), as a creation and a MERGE into the empty table would have left them: a
-    key inserted and deleted is not there, an updated one has its last image. A table none of whose rows remain is
-    created empty. Re-running the batch (a crash before its progress was stored) commits nothing more."""
-    from cdclake.pipeline import Pipeline, PipelineSettings
+NEW_TABLES_ROWS: Final = {"t": [(0, "v0"), (1, "v1"), (2, "new"), (4, "v4")], "gone": []}
+"""The (id, v) rows of the tables ``crm.t`` and ``crm.gone`` after :func:`new_tables_batch`."""
+
+
+def new_tables_batch(spark):  # type: ignore[no-untyped-def]
+    """A Canal JSON batch for two new tables: ``crm.t`` gets rows inserted, updated and deleted, ``crm.gone`` a row
+    inserted and deleted (none left)."""
     from tests.formats.golden import messages_frame
 
     lines = [
@@ -629,14 +630,23 @@ def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_commit(spark, 
         row_message("INSERT", "gone", [{"id": "9", "v": "v9"}], TYPES),
         row_message("DELETE", "gone", [{"id": "9", "v": "v9"}], TYPES),
     ]
-    frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
+    return messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
+
+
+def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_commit(spark, tmp_path: Path) -> None:
+    """A batch that finds its tables missing creates each with the rows the batch leaves (one commit, the batch's
+    marker, cdclake's table properties), as a creation and a MERGE into the empty table would have left them: a
+    key inserted and deleted is not there, an updated one has its last image. A table none of whose rows remain is
+    created empty. Re-running the batch (a crash before its progress was stored) commits nothing more."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+
     lake = tmp_path / "lake"
     settings = PipelineSettings(lake=str(lake), app_id="first", default_format="canal-json")
 
+    frame = new_tables_batch(spark)
     Pipeline(spark, settings).process_batch(frame, 0)
-    expected = {"t": [(0, "v0"), (1, "v1"), (2, "new"), (4, "v4")], "gone": []}
     commits = {}
-    for name, rows in expected.items():
+    for name, rows in NEW_TABLES_ROWS.items():
         table = lake / "crm" / name
         assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == rows
         created = _log_actions(table, 0)
@@ -651,7 +661,7 @@ def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_commit(spark, 
         commits[name] = _commits(table)
 
     Pipeline(spark, settings).process_batch(frame, 0)  # a re-run after a crash, in a new process
-    for name, rows in expected.items():
+    for name, rows in NEW_TABLES_ROWS.items():
         assert _commits(lake / "crm" / name) == commits[name]
         assert sorted((r["id"], r["v"]) for r in read_table(str(lake / "crm" / name))) == rows
 

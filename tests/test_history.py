@@ -26,7 +26,7 @@ from cdclake.exceptions import ConfigError
 from cdclake.pipeline import Pipeline, PipelineSettings
 from cdclake.runner import replay, settings_from_config
 from cdclake.sinks import TableFormat, lake_sink
-from cdclake.sinks.delta import Txn
+from cdclake.sinks.delta import DeltaSink, Txn
 from cdclake.sinks.history import HistorySink
 from cdclake.sources import files
 from cdclake.tables import TableRoutes
@@ -344,10 +344,23 @@ def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path, table_forma
     capture = files.read_file(spark, path, 0, "lines")
     half = capture.count // 2
     pipeline.process_batch(capture.lines(0, half), 0)
-    pipeline.process_batch(capture.lines(half, capture.count), 1)
 
     tables = [("changelog", spec.database, spec.table) for spec in history.tables] + [("scd2", "crm", "customer")]
     assert history_table(spark, lake, "scd2", "shop", "orders", table_format) is None  # not selected
+    # Each history table was created by the batch's first write to it, with its rows: one commit (the batch's
+    # marker), not a creation and a MERGE.
+    for kind, database, table in tables:
+        log = Path(lake, "_cdclake", kind, database, table, "_delta_log")
+        actions = [json.loads(line) for line in (log / f"{0:020d}.json").read_text(encoding="utf-8").splitlines()]
+        commit = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        marker = next(a["txn"] for a in actions if "txn" in a)
+        assert (commit["operation"], marker["appId"], marker["version"]) == (
+            "CREATE TABLE AS SELECT",
+            "history-test",
+            0,
+        )
+        assert int(commit["operationMetrics"]["numOutputRows"]) > 0
+    pipeline.process_batch(capture.lines(half, capture.count), 1)
 
     def snapshot() -> tuple[list[list[str]], list[int]]:
         rows = [sorted(map(repr, _spark_rows(spark, lake, *table, table_format))) for table in tables]
@@ -365,6 +378,40 @@ def test_a_batch_run_again_adds_nothing(spark, lake, tmp_path: Path, table_forma
     assert_changelog_equals_events(spark, lake, history, messages, table_format)
     customer = list(actual_scd2(spark, lake, history, table_format)[("crm", "customer")])
     assert customer == expected_scd2(history)[("crm", "customer")]
+
+
+@pytest.mark.spark
+def test_a_history_table_another_writer_creates_first_gets_the_rows_by_a_merge(
+    spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A history table is created by the batch's first write to it, with its rows. When another writer creates it
+    between this run's look and that write (simulated here: created with the same rows just before), the creation
+    changes nothing and the batch writes the table as it finds it: the statement is built again (SCD2 reads the
+    stored rows) and MERGEd, so the history tables still equal the source history, each event logged once."""
+    history, messages = workload(seed=24, events=60, failover_resends=0, malformed=0)
+    path = write_lines(tmp_path / "dw.jsonl", messages)
+    settings = PipelineSettings(lake=lake, app_id="race", default_format="dataworks-json", changelog=True, scd2=True)
+    created_first: list[str] = []
+    create_with_rows = DeltaSink.create_with_rows
+
+    def after_another_writer(sink: DeltaSink, table: str, rows: DataFrame, properties: dict[str, str]) -> bool:
+        if f"{lake}/_cdclake/" in table:  # a history table, not a lake table
+            rows.write.format("delta").save(table)  # the same rows, as a run of the same batch would write them
+            created_first.append(table)
+        return create_with_rows(sink, table, rows, properties)
+
+    monkeypatch.setattr(DeltaSink, "create_with_rows", after_another_writer)
+    capture = files.read_file(spark, path, 0, "lines")
+    Pipeline(spark, settings).process_batch(capture.lines(0, capture.count), 0)
+
+    assert len(created_first) == 2 * len(history.tables)  # a changelog and an SCD2 table each
+    for table in created_first:
+        operations = [row["operation"] for row in DeltaTable.forPath(spark, table).history().collect()]
+        # The other writer's creation (newest first); this run's MERGE found every row there and committed nothing.
+        assert operations[-1] == "WRITE"
+        assert "CREATE TABLE AS SELECT" not in operations
+    assert_scd2_equals_history(spark, lake, history)
+    assert_changelog_equals_events(spark, lake, history, messages)
 
 
 def _ogg(op: str, pos: int, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> str:

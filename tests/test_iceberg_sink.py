@@ -27,6 +27,7 @@ from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render
 from tests.e2e.helpers import lake_reader, replay_in_two_batches
 from tests.formats.golden import messages_frame
 from tests.test_ddl import EXPECTED_CLIENT, row_message, run_scenario
+from tests.test_delta_sink import NEW_TABLES_ROWS, new_tables_batch
 from tests.test_dlq import stock
 
 pytestmark = pytest.mark.spark
@@ -94,6 +95,33 @@ def test_a_rerun_batch_commits_nothing_twice(spark, tmp_path: Path) -> None:
     )
     assert _marks(spark, path) == ["0", "1", "2"]
     assert sorted(r["id"] for r in lake_reader(spark, "iceberg")(path)) == [2, 3]
+
+
+def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_snapshot(spark, tmp_path: Path) -> None:
+    """As with Delta (tests/test_delta_sink.py): a batch that finds its tables missing creates each with the rows the
+    batch leaves, in one snapshot that carries the batch's marker, with cdclake's table properties; a table none of
+    whose rows remain is created empty. A re-run of the batch commits nothing more."""
+    frame = new_tables_batch(spark)
+    lake = str(tmp_path / "lake")
+    settings = PipelineSettings(lake=lake, app_id="app", default_format="canal-json", table_format="iceberg")
+
+    Pipeline(spark, settings).process_batch(frame, 0)
+    Pipeline(spark, settings).process_batch(frame, 0)  # a re-run after a crash, in a new process
+
+    sink = IcebergSink(spark, lake)
+    for name, rows in NEW_TABLES_ROWS.items():
+        path = f"{lake}/crm/{name}"
+        assert sorted((r["id"], r["v"]) for r in lake_reader(spark, "iceberg")(path)) == rows
+        assert _marks(spark, path) == ["0"]
+        assert _operations(spark, path) == ["append"]
+        # One metadata file: created with its snapshot (a CREATE TABLE and a MERGE would have written two).
+        assert spark.read.format("iceberg").load(f"{path}#metadata_log_entries").count() == 1
+        properties = sink._properties_of(path)
+        assert (properties["cdclake.source"], properties["cdclake.keyColumns"]) == (f"crm.{name}", "id")
+        assert properties["write.merge.mode"] == "merge-on-read"
+        table = spark.read.format("iceberg").load(path)
+        assert all(field.nullable for field in table.schema.fields)
+        assert dict(table.dtypes)["id"] == "bigint"
 
 
 def test_ddl_evolves_iceberg_tables(spark, tmp_path: Path) -> None:

@@ -29,22 +29,26 @@ from cdclake.workload import DataWorksOptions, HistoryConfig, SourceHistory, ren
 TOPIC = "dataworks.demo"
 DEMO_DIR = Path(".cdclake/demo")
 PORT = 19092
+EVENTS = 2000
+MAX_OFFSETS_PER_TRIGGER = 800
 
 # Not on a terminal (CI logs, pipes) rich assumes 80 columns; the tables need more.
 console = Console(width=None if Console().is_terminal else 160)
 
 
-def _produce(bootstrap: str) -> tuple[SourceHistory, int]:
+def _produce(bootstrap: str, topic: str, events: int) -> tuple[SourceHistory, int]:
     history = SourceHistory.generate(
-        HistoryConfig(seed=7, tables=3, events=2000, keys_per_table=60, keyless_tables=1, truncates=1, added_columns=1)
+        HistoryConfig(
+            seed=7, tables=3, events=events, keys_per_table=60, keyless_tables=1, truncates=1, added_columns=1
+        )
     )
     messages = render(
         history,
         DataWorksOptions(update_mode="mixed", heartbeat_every=100, failover_resends=2, malformed=1, transactions=True),
         seed=7,
     )
-    broker.create_topics(bootstrap, {TOPIC: 2})
-    broker.produce(bootstrap, TOPIC, [(m.key, m.value) for m in messages])
+    broker.create_topics(bootstrap, {topic: 2})
+    broker.produce(bootstrap, topic, [(m.key, m.value) for m in messages])
     return history, len(messages)
 
 
@@ -92,53 +96,67 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def run_demo(
+    bootstrap: str,
+    directory: Path,
+    *,
+    topic: str = TOPIC,
+    events: int = EVENTS,
+    max_offsets_per_trigger: int = MAX_OFFSETS_PER_TRIGGER,
+) -> bool:
+    """Steps 2-5 against the broker at ``bootstrap``: the lake and checkpoint go in ``directory`` (emptied first).
+    True when every table equals the source truth. The tests run it on their own broker, smaller."""
+    shutil.rmtree(directory / "lake", ignore_errors=True)
+    shutil.rmtree(directory / "checkpoint", ignore_errors=True)
+    lake = str((directory / "lake").resolve())
+    with console.status("simulating the source database and producing DataWorks messages..."):
+        history, produced = _produce(bootstrap, topic, events)
+    console.print(f"produced {produced} DataWorks messages for {len(history.tables)} tables to {topic}")
+
+    from cdclake.runner import run
+    from cdclake.spark import get_session
+
+    with console.status("starting Spark...") as status:
+        spark = get_session("cdclake-demo")
+        config = PipelineConfig(
+            name="demo",
+            lake=lake,
+            checkpoint=str((directory / "checkpoint").resolve()),
+            kafka=KafkaConfig(
+                bootstrap_servers=bootstrap, topics=[topic], max_offsets_per_trigger=max_offsets_per_trigger
+            ),
+            format="dataworks-json",
+            trigger=TriggerConfig(available_now=True),
+        )
+        applied = 0
+
+        def progress(result: BatchResult) -> None:
+            nonlocal applied
+            applied += result.messages
+            status.update(f"streaming: batch {result.batch_id}, {applied}/{produced} messages applied")
+            console.print(
+                f"batch {result.batch_id}: {result.messages} messages -> "
+                f"{sum(result.applied.values())} row changes in {len(result.applied)} tables, "
+                f"{result.dead_letters} dead letters"
+            )
+
+        status.update("streaming from Kafka until caught up...")
+        run(spark, config, until_caught_up=True, on_batch=progress)
+    _show_tables(spark, lake, history)
+    with console.status("comparing the lake with the source truth (independent Delta reader)..."):
+        results = compare_lake(lake, history.truth())
+    console.print(describe(results))
+    return all(r.ok for r in results)
+
+
 def main() -> int:
+    """``make demo``: the whole demo on its own broker (:data:`PORT`), in :data:`DEMO_DIR`."""
     started = time.monotonic()
-    shutil.rmtree(DEMO_DIR / "lake", ignore_errors=True)
-    shutil.rmtree(DEMO_DIR / "checkpoint", ignore_errors=True)
-    lake = str((DEMO_DIR / "lake").resolve())
     with console.status("starting the local Kafka broker (KRaft)..."):
         info = broker.start(DEMO_DIR / "kafka", PORT, fresh=True)
     console.print(f"kafka broker at {info.bootstrap_servers} (log {info.log_file})")
     try:
-        with console.status("simulating the source database and producing DataWorks messages..."):
-            history, produced = _produce(info.bootstrap_servers)
-        console.print(f"produced {produced} DataWorks messages for {len(history.tables)} tables to {TOPIC}")
-
-        from cdclake.runner import run
-        from cdclake.spark import get_session
-
-        with console.status("starting Spark...") as status:
-            spark = get_session("cdclake-demo")
-            config = PipelineConfig(
-                name="demo",
-                lake=lake,
-                checkpoint=str((DEMO_DIR / "checkpoint").resolve()),
-                kafka=KafkaConfig(
-                    bootstrap_servers=info.bootstrap_servers, topics=[TOPIC], max_offsets_per_trigger=800
-                ),
-                format="dataworks-json",
-                trigger=TriggerConfig(available_now=True),
-            )
-            applied = 0
-
-            def progress(result: BatchResult) -> None:
-                nonlocal applied
-                applied += result.messages
-                status.update(f"streaming: batch {result.batch_id}, {applied}/{produced} messages applied")
-                console.print(
-                    f"batch {result.batch_id}: {result.messages} messages -> "
-                    f"{sum(result.applied.values())} row changes in {len(result.applied)} tables, "
-                    f"{result.dead_letters} dead letters"
-                )
-
-            status.update("streaming from Kafka until caught up...")
-            run(spark, config, until_caught_up=True, on_batch=progress)
-        _show_tables(spark, lake, history)
-        with console.status("comparing the lake with the source truth (independent Delta reader)..."):
-            results = compare_lake(lake, history.truth())
-        console.print(describe(results))
-        passed = all(r.ok for r in results)
+        passed = run_demo(info.bootstrap_servers, DEMO_DIR)
         verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
         console.print(f"{verdict} in {time.monotonic() - started:.0f} s")
         return 0 if passed else 1

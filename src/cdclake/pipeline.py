@@ -624,22 +624,21 @@ class Pipeline:
         affected = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).isin(
             *sorted(affected_ids)
         )
-        lower: str | None = None
         for index, step in enumerate(steps):
             segment = affected & (order <= F.lit(step.order))
-            if lower is None:
-                self._apply_events(good.where(segment | ~affected), batch_id, txn, result)
+            if index == 0:
+                rows, marker = segment | ~affected, txn
             else:
-                segment = segment & (order > F.lit(lower))
-                self._apply_events(good.where(segment), batch_id, _sub_txn(txn, f"ddl{index}/rows"), result)
+                rows, marker = segment & (order > F.lit(steps[index - 1].order)), _sub_txn(txn, f"ddl{index}/rows")
+            self._apply_events(good.where(rows), batch_id, marker, result)
             with result.timed("ddl"):
                 # A dropped or truncated table is remembered in the tombstones table, which the background writer
                 # may be appending to (and creating): one writer at a time.
                 self._bookkeeping.join()
                 self.evolution.apply_event(step, _sub_txn(txn, f"ddl{index}/change"))
             self._history_of_cleared_tables(good, step, _sub_txn(txn, f"ddl{index}/history"), result)
-            lower = step.order
-        self._apply_events(good.where(affected & (order > F.lit(lower))), batch_id, _sub_txn(txn, "ddl/rows"), result)
+        after_last = affected & (order > F.lit(steps[-1].order))
+        self._apply_events(good.where(after_last), batch_id, _sub_txn(txn, "ddl/rows"), result)
 
     def _apply_events(self, good: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> None:
         """Plan, create/evolve tables, dead-letter misfits, then fold, gate and merge the row changes."""
@@ -763,9 +762,9 @@ class Pipeline:
         next sees it and adds its columns.
 
         A missing table that only this plan lands in, with no TRUNCATE, is created by its first write instead, with
-        its rows (``DeltaSink.ensure_table(defer_creation=True)``): an initial load then makes one commit per table,
-        not two. Not when the batch declares other types for its columns than the plan's: reconciling them
-        (``reconcile_types``) needs the table.
+        its rows (``ensure_table(defer_creation=True)``, Delta and Iceberg): an initial load then makes one commit
+        per table, not two. Not when the batch declares other types for its columns than the plan's: reconciling
+        them (``reconcile_types``) needs the table.
         """
         plans_per_path = Counter(self._path_of(plan) for plan in plans)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, get_args
 
 from delta import exceptions as delta_exceptions
-from delta.tables import DeltaTable, DeltaTableBuilder
+from delta.tables import DeltaTable
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
@@ -104,13 +104,6 @@ DeletionVectors = Literal["auto", "always", "never"]
 enough."""
 DELETION_VECTOR_MODES: Final = get_args(DeletionVectors)
 ENABLE_DELETION_VECTORS: Final = "delta.enableDeletionVectors"
-
-
-def with_table_properties(builder: DeltaTableBuilder) -> DeltaTableBuilder:
-    """``builder`` with :data:`TABLE_PROPERTIES`."""
-    for name, value in TABLE_PROPERTIES.items():
-        builder = builder.property(name, value)
-    return builder
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -347,7 +340,22 @@ def merge_statement(
     )
 
 
-def _already_exists(error: Exception) -> bool:
+def inserted_rows(statement: MergeStatement, schema: StructType) -> DataFrame:
+    """The rows ``statement`` would insert into an empty table of ``schema`` (every column of the table, cdclake's
+    own included), named and typed as its columns: a new table's first rows."""
+    fields = {quote(field.name): field for field in schema.fields} | {field.name: field for field in schema.fields}
+    source = statement.source.alias("s")
+    if statement.insert_when is not None:
+        source = source.where(F.expr(statement.insert_when))
+    return source.select(
+        *(
+            F.expr(value).cast(fields[column].dataType).alias(fields[column].name)
+            for column, value in statement.insert_values.items()
+        )
+    )
+
+
+def already_exists(error: Exception) -> bool:
     """Whether ``error`` is Spark's refusal to create a table that its catalog finds there."""
     return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
 
@@ -863,12 +871,8 @@ class DeltaSink:
         """
         path = self.table_path(plan.database, plan.schema, plan.table)
         statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
-        if path in self._awaiting_creation:
-            self._awaiting_creation.remove(path)
-            if self._create_with_rows(path, plan, table_columns, statement):
-                self.merged(path)
-                return
-            self.ensure_table(plan)  # another writer created it first: its columns, then a MERGE as into any table
+        if self._created_by_first_write(path, plan, table_columns, statement):
+            return
         condition = F.expr(statement.matched_on)
         if self.key_ranges_pay(path):
             index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
@@ -878,6 +882,21 @@ class DeltaSink:
                 condition = condition & within
         self.merge_rows(path, statement, condition)
         self.merged(path)
+
+    def _created_by_first_write(
+        self, path: str, plan: TablePlan, table_columns: Sequence[tuple[str, str]], statement: MergeStatement
+    ) -> bool:
+        """For a table left to its first write (:meth:`awaits_creation`): creates it with the rows ``statement``
+        would insert (:meth:`_create_with_rows`), and True. False when the table is not waiting, or when another
+        writer has created it meanwhile (then with its columns and this plan's: the rows go in by a MERGE)."""
+        if path not in self._awaiting_creation:
+            return False
+        self._awaiting_creation.remove(path)
+        if self._create_with_rows(path, plan, table_columns, statement):
+            self.merged(path)
+            return True
+        self.ensure_table(plan)
+        return False
 
     def _create_with_rows(
         self, path: str, plan: TablePlan, table_columns: Sequence[tuple[str, str]], statement: MergeStatement
@@ -892,17 +911,18 @@ class DeltaSink:
         and MERGEs instead. (A plain append after an empty creation would not do: a concurrent MERGE of the same key
         would not conflict with it.)
         """
-        typed = {quote(name): (name, t) for name, t in table_columns} | {n: (n, t) for n, t in METADATA_COLUMNS}
-        source = statement.source.alias("s")
-        if statement.insert_when is not None:
-            source = source.where(F.expr(statement.insert_when))
-        rows = source.select(
-            *(
-                F.expr(value).cast(typed[column][1]).alias(typed[column][0])
-                for column, value in statement.insert_values.items()
-            )
+        stored = [(name, self.stored_type(spark_type)) for name, spark_type in table_columns]
+        schema = StructType(
+            [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in [*stored, *METADATA_COLUMNS]]
         )
-        properties = self._creation_properties(plan)
+        if not self.create_with_rows(path, inserted_rows(statement, schema), self._creation_properties(plan)):
+            return False
+        self._columns[path] = stored
+        return True
+
+    def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
+        """Creates the table at ``path`` holding ``rows``, with ``properties``: one commit, marked with the enclosing
+        :meth:`idempotent` block's marker. False, having changed nothing, when the table exists by then."""
         app_id = self.spark.conf.get(TXN_APP_ID, None)
         # The marker of the enclosing idempotent() block, as options of the write (as append() does).
         marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
@@ -912,13 +932,12 @@ class DeltaSink:
         try:
             writer.create()
         except (Py4JJavaError, CapturedException) as exc:
-            if self._conflict_name(exc, jvm_causes(exc)) is None and not _already_exists(exc):
+            if self._conflict_name(exc, jvm_causes(exc)) is None and not already_exists(exc):
                 raise
             if self._exists(path):
                 log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
                 return False
             self._create_beside_leftovers(path, rows, properties, marker)
-        self._columns[path] = list(table_columns)
         return True
 
     def _create_beside_leftovers(
@@ -1053,13 +1072,19 @@ class DeltaSink:
         """Creates the table at ``path`` unless it exists; ``statistics``: the quoted columns to keep min/max
         statistics for (the MERGE conditions and lookups)."""
         builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
-        for name, value in properties.items():
+        for name, value in self.history_table_properties(properties, statistics).items():
             builder = builder.property(name, value)
-        with_table_properties(
-            builder.property("delta.dataSkippingStatsColumns", ",".join(statistics)).property(
-                ENABLE_DELETION_VECTORS, self.deletion_vectors_at_creation
-            )
-        ).execute()
+        builder.execute()
+
+    def history_table_properties(self, properties: Mapping[str, str], statistics: Sequence[str]) -> dict[str, str]:
+        """The table properties of a history table: cdclake's ``properties``, and ``statistics``, the quoted columns
+        to keep min/max statistics for."""
+        return {
+            **TABLE_PROPERTIES,
+            **properties,
+            "delta.dataSkippingStatsColumns": ",".join(statistics),
+            ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
+        }
 
     def add_history_columns(self, path: str, listed: str) -> None:
         """``ALTER TABLE ... ADD COLUMNS (<listed>)`` on the table at ``path``; ``listed`` is built by the caller from

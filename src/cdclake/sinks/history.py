@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -60,6 +61,7 @@ from cdclake.sinks.delta import (
     Txn,
     concurrently,
     in_turns,
+    inserted_rows,
     quote,
     sql_string,
     turn_marker,
@@ -235,6 +237,8 @@ class HistorySink:
         self._schemas: dict[str, StructType] = {}
         # path -> (column, type) retypes refused because stored values would not fit (see _retype): not retried.
         self._kept_types: dict[str, set[tuple[_ColumnPath, str]]] = {}
+        # path -> table properties of a history table left to its first write, which creates it with its rows.
+        self._awaiting_creation: dict[str, dict[str, str]] = {}
 
     def changelog_path(self, plan: TablePlan) -> str:
         return self._path(CHANGELOG_DIR, plan)
@@ -301,14 +305,6 @@ class HistorySink:
         changes = apply.row_changes(relevant, keys)
         row_keys = apply.effective_keys(relevant, keys)
 
-        def prepare(item: _Work) -> None:
-            if item.kind == "changelog":
-                stats = [POSITION_COLUMN]
-                self._ensure(self.changelog_path(item.plan), self._changelog_schema(item.columns), item, stats)
-            else:
-                stats = [ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN]
-                self._ensure(self.scd2_path(item.plan), self._scd2_schema(item.columns), item, stats)
-
         def write(item: _Work) -> None:
             if item.kind == "changelog":
                 table_events = relevant.where(table_id.isin(*item.sources))
@@ -317,10 +313,15 @@ class HistorySink:
                 self._scd2(item, changes.where(F.col(apply.TABLE_ID).isin(*item.sources)))
 
         # Tables are created and columns added first, outside the marker: only the data commits may carry it. Items
-        # of one history table that _together leaves apart go in turns, each turn with its own marker.
-        turns = in_turns(
-            _together(work, self._path_of), self._path_of, lambda item: f"{item.plan.table_id}\x00{item.kind}"
-        )
+        # of one history table that _together leaves apart go in turns, each turn with its own marker. A missing
+        # table that one item writes is created by that write instead, with its rows: one commit, not two.
+        together = _together(work, self._path_of)
+        writers = Counter(map(self._path_of, together))
+        turns = in_turns(together, self._path_of, lambda item: f"{item.plan.table_id}\x00{item.kind}")
+
+        def prepare(item: _Work) -> None:
+            self._prepare(item, defer_creation=writers[self._path_of(item)] == 1)
+
         for turn in turns:
             concurrently(prepare, turn, threads)
         for index, turn in enumerate(turns):
@@ -347,10 +348,26 @@ class HistorySink:
         fields += [StructField(name, _typed(spark_type)) for name, spark_type in SCD2_COLUMNS]
         return StructType(fields)
 
-    def _ensure(self, path: str, wanted: StructType, item: _Work, stats: Sequence[str]) -> StructType:
+    def _prepare(self, item: _Work, *, defer_creation: bool = False) -> None:
+        """Creates the item's history table or adds the columns it lacks (:meth:`_ensure`)."""
+        if item.kind == "changelog":
+            stats = [POSITION_COLUMN]
+            self._ensure(
+                self.changelog_path(item.plan), self._changelog_schema(item.columns), item, stats, defer_creation
+            )
+        else:
+            stats = [ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN]
+            self._ensure(self.scd2_path(item.plan), self._scd2_schema(item.columns), item, stats, defer_creation)
+
+    def _ensure(
+        self, path: str, wanted: StructType, item: _Work, stats: Sequence[str], defer_creation: bool = False
+    ) -> StructType:
         """Creates the table or adds the columns (and fields of struct columns) it lacks; returns its schema.
 
-        ``stats``: metadata columns that get min/max statistics, beside the key columns.
+        Args:
+            stats: metadata columns that get min/max statistics, beside the key columns.
+            defer_creation: a missing table is not created here but by its first write, with its rows
+                (:meth:`_write`); its schema is then ``wanted``.
         """
         self.sink.prepare_deletion_vectors(path)
         cached = self._schemas.get(path)
@@ -367,7 +384,12 @@ class HistorySink:
                 "cdclake.keyColumns": ",".join(plan.key_columns),
             }
             # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
-            self.sink.create_history_table(path, wanted, properties, [*map(quote, keys), *stats])
+            statistics = [*map(quote, keys), *stats]
+            if defer_creation:
+                self._awaiting_creation[path] = self.sink.history_table_properties(properties, statistics)
+                self._schemas[path] = wanted
+                return wanted
+            self.sink.create_history_table(path, wanted, properties, statistics)
             schema = self.sink.table_schema(path)
             assert schema is not None
         missing = _missing(schema, wanted)
@@ -530,8 +552,8 @@ class HistorySink:
             ),
             insert_values={quote(f.name): f"s.{alias[f.name]}" for f in schema.fields},
         )
-        self.sink.merge_rows(path, statement)
-        self.sink.merged(path)
+        if not self._write(item, path, statement):
+            self._changelog(item, events, row_keys, batch_id)
 
     def _typed_or_null(self, image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
         """The image's value of column ``name`` typed like the lake table; NULL for a history column the lake table
@@ -556,7 +578,8 @@ class HistorySink:
         user = [(f.name, f.dataType) for f in schema.fields if f.name not in {name for name, _ in SCD2_COLUMNS}]
         types = dict(columns)
         floor = _position_text(oldest)
-        stored = self.sink.read_path(path)
+        # A table left to its first write has no rows yet (and no files to read).
+        stored = local_frame(self.spark, [], schema) if path in self._awaiting_creation else self.sink.read_path(path)
         # Rows closed before the batch's oldest change cannot change: skip their files (statistics on valid_to).
         open_rows = stored.where(F.col(VALID_TO_COLUMN).isNull() | (F.col(VALID_TO_COLUMN) >= F.lit(floor)))
 
@@ -757,8 +780,23 @@ class HistorySink:
                 IS_CURRENT_COLUMN: "s._is_current",
             },
         )
-        self.sink.merge_rows(path, statement)
+        if not self._write(item, path, statement):
+            self._scd2(item, changes)
+
+    def _write(self, item: _Work, path: str, statement: MergeStatement) -> bool:
+        """Executes ``statement`` on the history table at ``path``, one commit; for a table left to its first write,
+        creates it with the rows ``statement`` would insert into it (one commit instead of a creation and a MERGE).
+        False, having written nothing, when another writer created that table meanwhile: the caller builds its
+        statement again, for the table as it is."""
+        properties = self._awaiting_creation.pop(path, None)
+        if properties is None:
+            self.sink.merge_rows(path, statement)
+        elif not self.sink.create_with_rows(path, inserted_rows(statement, self._schemas[path]), properties):
+            del self._schemas[path]
+            self._prepare(item)
+            return False
         self.sink.merged(path)
+        return True
 
 
 def _differing_types(schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:

@@ -36,12 +36,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructType, _parse_datatype_string
 
 from cdclake import model
 from cdclake.apply import TablePlan
@@ -236,23 +236,24 @@ class IcebergSink(DeltaSink):
 
     def ensure_table(self, plan: TablePlan, *, defer_creation: bool = False) -> list[tuple[str, str]]:
         """Creates the table or adds the plan's new columns; returns the table's (name, type) user columns.
-        ``defer_creation`` is not supported: an Iceberg table is always created here."""
-        del defer_creation
+
+        Args:
+            defer_creation: a table that does not exist yet is not created here: its first :meth:`merge` creates it
+                with its rows, in one commit (:meth:`awaits_creation`). The columns returned are then the plan's.
+        """
         path = self.table_path(plan.database, plan.schema, plan.table)
         cached = self._columns.get(path)
         if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
             return cached
+        self._awaiting_creation.discard(path)
         if not self._user_table_exists(path):
+            if defer_creation:
+                self._awaiting_creation.add(path)
+                return [(name, _parse_datatype_string(t).simpleString()) for name, t in plan.columns]
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema, plan.table)}")
-            columns = [*plan.columns, *METADATA_COLUMNS]
-            properties = {
-                **TABLE_PROPERTIES,
-                "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
-                "cdclake.keyColumns": ",".join(plan.key_columns),
-            }
             # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here.
-            listed = _column_list(columns)
-            props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
+            listed = _column_list([*plan.columns, *METADATA_COLUMNS])
+            props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in self._creation_properties(plan).items())
             identifier = self._identifier_of(path)
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
         self._columns.pop(path, None)
@@ -263,6 +264,33 @@ class IcebergSink(DeltaSink):
             self._add_columns(path, missing)
             stored = self.columns(plan.database, plan.schema, plan.table) or []
         return stored
+
+    def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
+        """The table properties of a lake table cdclake creates for ``plan``."""
+        return {
+            **TABLE_PROPERTIES,
+            "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
+            "cdclake.keyColumns": ",".join(plan.key_columns),
+        }
+
+    def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
+        """Creates the table at ``path`` holding ``rows``, with ``properties`` (``CREATE TABLE ... AS SELECT``, atomic
+        in Iceberg's catalogs): one snapshot, marked with the enclosing :meth:`idempotent` block's marker. False,
+        having changed nothing, when the table exists by then (another writer created it)."""
+        namespace, _ = self._names(path)
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(namespace)}")
+        writer = self._in_own_session(rows).writeTo(self._identifier_of(path)).using("iceberg")
+        for name, value in properties.items():
+            writer = writer.tableProperty(name, value)
+        try:
+            with self._commit(path, self._marker):
+                writer.create()
+        except (Py4JJavaError, CapturedException):
+            if not self._user_table_exists(path):
+                raise
+            log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
+            return False
+        return True
 
     def columns(self, database: str | None, schema: str | None, table: str) -> list[tuple[str, str]] | None:
         """The (name, type) user columns of a lake table, or ``None`` if it does not exist."""
@@ -387,7 +415,10 @@ class IcebergSink(DeltaSink):
         """One ``MERGE INTO`` of the folded, gated changes of one table (see DeltaSink.merge); inside
         :meth:`idempotent`, skipped when the table already has the batch's commit."""
         path = self.table_path(plan.database, plan.schema, plan.table)
-        self.merge_rows(path, merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path))
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
+        if self._created_by_first_write(path, plan, table_columns, statement):
+            return
+        self.merge_rows(path, statement)
         self.merged(path)
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
@@ -543,20 +574,24 @@ class IcebergSink(DeltaSink):
     def create_history_table(
         self, path: str, schema: StructType, properties: Mapping[str, str], statistics: Sequence[str]
     ) -> None:
-        """Creates the table at ``path`` unless it exists (``statistics`` is Delta's: Iceberg keeps column metrics
-        without being told)."""
-        del statistics
+        """Creates the table at ``path`` unless it exists."""
         namespace, _ = self._names(path)
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(namespace)}")
         # The columns go as a schema, not as SQL text: struct field names are not quoted in a type's text.
         writer = self.spark.createDataFrame([], schema).writeTo(self._identifier_of(path)).using("iceberg")
-        for name, value in {**TABLE_PROPERTIES, **properties}.items():
+        for name, value in self.history_table_properties(properties, statistics).items():
             writer = writer.tableProperty(name, value)
         try:
             writer.create()
         except AnalysisException as exc:  # a concurrent run created it first
             if "already exists" not in str(exc).lower():
                 raise
+
+    def history_table_properties(self, properties: Mapping[str, str], statistics: Sequence[str]) -> dict[str, str]:
+        """The table properties of a history table (``statistics`` is Delta's: Iceberg keeps column metrics without
+        being told)."""
+        del statistics
+        return {**TABLE_PROPERTIES, **properties}
 
     def add_history_columns(self, path: str, listed: str) -> None:
         self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")
