@@ -342,17 +342,18 @@ def merge_statement(
 
 def inserted_rows(statement: MergeStatement, schema: StructType) -> DataFrame:
     """The rows ``statement`` would insert into an empty table of ``schema`` (every column of the table, cdclake's
-    own included), named and typed as its columns: a new table's first rows."""
-    fields = {quote(field.name): field for field in schema.fields} | {field.name: field for field in schema.fields}
+    own included): a new table's first rows, with exactly the table's columns, in its order and of its types (NULL
+    in a column the statement does not insert, as a MERGE leaves it)."""
+    values = {name.lower(): value for name, value in statement.insert_values.items()}
     source = statement.source.alias("s")
     if statement.insert_when is not None:
         source = source.where(F.expr(statement.insert_when))
-    return source.select(
-        *(
-            F.expr(value).cast(fields[column].dataType).alias(fields[column].name)
-            for column, value in statement.insert_values.items()
-        )
-    )
+
+    def value_of(field: StructField) -> Column:
+        value = values.get(quote(field.name).lower(), values.get(field.name.lower()))
+        return (F.lit(None) if value is None else F.expr(value)).cast(field.dataType).alias(field.name)
+
+    return source.select(*map(value_of, schema.fields))
 
 
 def already_exists(error: Exception) -> bool:
