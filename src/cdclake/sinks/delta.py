@@ -45,7 +45,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConstraintViolationError
-from cdclake.spark import jvm_causes, local_frame, session_settings
+from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import TableRoutes
 
 log = logging.getLogger(__name__)
@@ -522,7 +522,13 @@ class DeltaSink:
         pipeline's app id has one writer at a time (its checkpoint's, or its replay's own), and the only batch
         Structured Streaming runs again is the first one after a start. After an append fails, the rows are read
         again (it may have committed). A table from before these columns keeps Delta's writer options in this
-        sink, since its earlier appends are marked only there; its rows get the columns from then on."""
+        sink, since its earlier appends are marked only there; its rows get the columns from then on.
+
+        The append runs in a clone of the session without :meth:`idempotent`'s settings: the batch's background
+        bookkeeping thread appends while the batch's thread is inside such a block, and Delta takes a write without
+        writer options as marked by the session's settings (it would record, and look up, the lake commits' marker
+        in the bookkeeping table); one that started between the block's setting of the two keys failed outright
+        (``DELTA_INVALID_IDEMPOTENT_WRITES_OPTIONS``)."""
         path = self.system_path(name)
         writer_options: dict[str, str] = {}
         if txn is not None:
@@ -538,7 +544,8 @@ class DeltaSink:
                     MARKER_VERSION_COLUMN: F.lit(txn.version).cast("bigint"),
                 }
             )
-        writer = rows.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
+        unmarked = in_session(rows, cloned_session(self.spark, without=(TXN_APP_ID, TXN_VERSION)))
+        writer = unmarked.write.format("delta").mode("append").option("mergeSchema", "true").options(**TABLE_PROPERTIES)
         try:
             writer.options(**writer_options).save(path)
         except BaseException:

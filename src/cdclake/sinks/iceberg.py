@@ -56,6 +56,7 @@ from cdclake.sinks.delta import (
     quote,
     sql_string,
 )
+from cdclake.spark import in_session
 from cdclake.tables import TableRoutes
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,7 @@ class IcebergSink(DeltaSink):
         having changed nothing, when the table exists by then (another writer created it)."""
         namespace, _ = self._names(path)
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(namespace)}")
-        writer = self._in_own_session(rows).writeTo(self._identifier_of(path)).using("iceberg")
+        writer = in_session(rows, self.spark).writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
         try:
@@ -448,7 +449,7 @@ class IcebergSink(DeltaSink):
         # A view per MERGE (the batch's MERGEs run concurrently), in this sink's session: its settings hold the
         # batch's marker, and a streaming batch's frames belong to the query's own copy of the session.
         view = f"cdclake_merge_source_{uuid.uuid4().hex}"
-        self._in_own_session(statement.source).createOrReplaceTempView(view)
+        in_session(statement.source, self.spark).createOrReplaceTempView(view)
         clauses = []
         if statement.delete_when is not None:
             clauses.append(f"WHEN MATCHED AND {statement.delete_when} THEN DELETE")
@@ -466,16 +467,6 @@ class IcebergSink(DeltaSink):
             )
         finally:
             self.spark.catalog.dropTempView(view)
-
-    def _in_own_session(self, frame: DataFrame) -> DataFrame:
-        """``frame`` as a frame of this sink's session (the same plan)."""
-        own = self.spark._jsparkSession
-        if frame.sparkSession._jsparkSession.equals(own):
-            return frame
-        jvm = self.spark._jvm
-        assert jvm is not None
-        rebound = jvm.org.apache.spark.sql.classic.Dataset.ofRows(own, frame._jdf.queryExecution().logical())
-        return DataFrame(rebound, self.spark)
 
     def merged(self, path: str) -> None:
         """After a MERGE into the table at ``path``: rewrites its data files with their deletes applied once it has
