@@ -66,28 +66,28 @@ def lake(tmp_path: Path) -> str:
 # idles. `make test` passes `--no-loadscope-reorder`: by default xdist orders files by their number of tests instead,
 # which sent the single-test files (test_stream_kill, 110 s) last. Files not listed keep their order after these.
 _LONG_FILES = (
-    "tests/test_delta_sink.py",  # 504
-    "tests/e2e/test_rendered_streams.py",  # 436
-    "tests/e2e/test_replay.py",  # 400
-    "tests/test_history.py",  # 366
-    "tests/test_dlq.py",  # 263
-    "tests/test_transactions.py",  # 233
-    "tests/formats/test_golden.py",  # 205
-    "tests/test_iceberg_sink.py",  # 189
-    "tests/e2e/test_format_replay.py",  # 148
-    "tests/test_deletion_vectors.py",  # 145
-    "tests/test_maintain.py",  # 131
-    "tests/formats/test_lambda_invariants.py",  # 119
-    "tests/e2e/test_stream_kill.py",  # 110
-    "tests/formats/test_plan_reuse.py",  # 104
-    "tests/benchmarks/test_harness.py",  # 98
-    "tests/e2e/test_routes.py",  # 98
-    "tests/test_ddl.py",  # 93
-    "tests/e2e/test_stream.py",  # 89
-    "tests/test_session.py",  # 83
-    "tests/e2e/test_qlik_metadata.py",  # 62
-    "tests/devtools/test_broker.py",  # 60
-    "tests/e2e/test_property_streams.py",  # 51
+    "tests/e2e/test_rendered_streams.py",  # 533
+    "tests/test_delta_sink.py",  # 411
+    "tests/test_history.py",  # 398
+    "tests/e2e/test_replay.py",  # 330
+    "tests/test_dlq.py",  # 249
+    "tests/test_transactions.py",  # 244
+    "tests/test_iceberg_sink.py",  # 177
+    "tests/e2e/test_stream_kill.py",  # 176
+    "tests/test_deletion_vectors.py",  # 169
+    "tests/benchmarks/test_harness.py",  # 134
+    "tests/test_maintain.py",  # 119
+    "tests/formats/test_lambda_invariants.py",  # 114
+    "tests/formats/test_plan_reuse.py",  # 103
+    "tests/e2e/test_format_replay.py",  # 103
+    "tests/test_ddl.py",  # 101
+    "tests/e2e/test_property_streams.py",  # 91
+    "tests/test_session.py",  # 77
+    "tests/e2e/test_routes.py",  # 74
+    "tests/e2e/test_stream.py",  # 74
+    "tests/e2e/test_qlik_metadata.py",  # 65
+    "tests/devtools/test_broker.py",  # 62
+    "tests/formats/test_golden.py",  # 58
 )
 
 

@@ -356,7 +356,20 @@ def inserted_rows(statement: MergeStatement, schema: StructType) -> DataFrame:
     return source.select(*map(value_of, schema.fields))
 
 
-def already_exists(error: Exception) -> bool:
+KEY_COLUMNS_PROPERTY: Final = "cdclake.keyColumns"
+"""The table property with the key columns a table was created with (comma-separated; empty for a key-less table)."""
+
+
+def source_properties(plan: TablePlan) -> dict[str, str]:
+    """cdclake's table properties of a table it creates for ``plan`` (a lake table or its history tables): the
+    source table's dotted name (``cdclake.source``) and its key columns (:data:`KEY_COLUMNS_PROPERTY`)."""
+    return {
+        "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
+        KEY_COLUMNS_PROPERTY: ",".join(plan.key_columns),
+    }
+
+
+def _already_exists(error: Exception) -> bool:
     """Whether ``error`` is Spark's refusal to create a table that its catalog finds there."""
     return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
 
@@ -636,11 +649,12 @@ class DeltaSink:
             return cached
         self._awaiting_creation.discard(path)
         if not self._exists(path):
-            fields = [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in plan.columns]
             if defer_creation:
-                self._awaiting_creation.add(path)
-                return [(f.name, f.dataType.simpleString()) for f in fields]
-            fields += [StructField(name, _parse_datatype_string(t)) for name, t in METADATA_COLUMNS]
+                return self._leave_to_first_write(path, plan)
+            fields = [
+                StructField(name, _parse_datatype_string(spark_type))
+                for name, spark_type in [*plan.columns, *METADATA_COLUMNS]
+            ]
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(StructType(fields))
             for name, value in self._creation_properties(plan).items():
                 builder = builder.property(name, value)
@@ -655,12 +669,17 @@ class DeltaSink:
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
         return self._columns[path]
 
+    def _leave_to_first_write(self, path: str, plan: TablePlan) -> list[tuple[str, str]]:
+        """Leaves the missing table at ``path`` to its first :meth:`merge` (``ensure_table``'s ``defer_creation``);
+        returns the plan's columns, their types in Spark's canonical spelling (as a created table reports them)."""
+        self._awaiting_creation.add(path)
+        return [(name, _parse_datatype_string(spark_type).simpleString()) for name, spark_type in plan.columns]
+
     def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
         """The table properties of a lake table cdclake creates for ``plan``."""
         return {
             **TABLE_PROPERTIES,
-            "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
-            "cdclake.keyColumns": ",".join(plan.key_columns),
+            **source_properties(plan),
             # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
             "delta.dataSkippingStatsColumns": ",".join(self._stats_columns(plan)),
             ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
@@ -752,7 +771,7 @@ class DeltaSink:
         ``record_keys``, the recorded key columns (``cdclake.keyColumns``)."""
         properties = [f"'delta.dataSkippingStatsColumns' = {sql_string(','.join(_stats_columns(columns, keys)))}"]
         if record_keys:
-            properties.insert(0, f"'cdclake.keyColumns' = {sql_string(','.join(keys))}")
+            properties.insert(0, f"{sql_string(KEY_COLUMNS_PROPERTY)} = {sql_string(','.join(keys))}")
         self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
 
     @staticmethod
@@ -773,7 +792,7 @@ class DeltaSink:
         """The key columns recorded when cdclake created the table."""
         path = self.table_path(database, schema, table)
         detail = DeltaTable.forPath(self.spark, path).detail().collect()[0]
-        recorded = (detail["properties"] or {}).get("cdclake.keyColumns", "")
+        recorded = (detail["properties"] or {}).get(KEY_COLUMNS_PROPERTY, "")
         return [k for k in recorded.split(",") if k]
 
     def copy_rows(
@@ -940,7 +959,7 @@ class DeltaSink:
         try:
             writer.create()
         except (Py4JJavaError, CapturedException) as exc:
-            if self._conflict_name(exc, jvm_causes(exc)) is None and not already_exists(exc):
+            if self._conflict_name(exc, jvm_causes(exc)) is None and not _already_exists(exc):
                 raise
             if self._exists(path):
                 log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
@@ -1357,7 +1376,7 @@ class DeltaSink:
         path = self.table_path(database, schema, table)
         if not self._exists(path):
             return None
-        keys = [name for name in str(self._properties(path).get("cdclake.keyColumns", "")).split(",") if name]
+        keys = [name for name in str(self._properties(path).get(KEY_COLUMNS_PROPERTY, "")).split(",") if name]
         return keys or None
 
     def read_system_snapshot(self, name: str) -> DataFrame | None:

@@ -63,6 +63,7 @@ from cdclake.sinks.delta import (
     in_turns,
     inserted_rows,
     quote,
+    source_properties,
     sql_string,
     turn_marker,
 )
@@ -379,10 +380,7 @@ class HistorySink:
             types = {name.lower(): spark_type for name, spark_type in item.columns}
             # Delta keeps no min/max statistics for binary or boolean columns.
             keys = [k for k in plan.key_columns if types.get(k.lower()) not in (None, "binary", "boolean")]
-            properties = {
-                "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
-                "cdclake.keyColumns": ",".join(plan.key_columns),
-            }
+            properties = source_properties(plan)
             # Statistics where they prune: the MERGE conditions (orders, keys) and lookups by key.
             statistics = [*map(quote, keys), *stats]
             if defer_creation:

@@ -41,12 +41,13 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType, _parse_datatype_string
+from pyspark.sql.types import StructType
 
 from cdclake import model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError
 from cdclake.sinks.delta import (
+    KEY_COLUMNS_PROPERTY,
     METADATA_COLUMNS,
     POSITION_COLUMN,
     DeltaSink,
@@ -54,6 +55,7 @@ from cdclake.sinks.delta import (
     Txn,
     merge_statement,
     quote,
+    source_properties,
     sql_string,
 )
 from cdclake.spark import in_session
@@ -249,8 +251,7 @@ class IcebergSink(DeltaSink):
         self._awaiting_creation.discard(path)
         if not self._user_table_exists(path):
             if defer_creation:
-                self._awaiting_creation.add(path)
-                return [(name, _parse_datatype_string(t).simpleString()) for name, t in plan.columns]
+                return self._leave_to_first_write(path, plan)
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema, plan.table)}")
             # Identifiers are validated by the decoders (or cdclake.ddl) and quoted here.
             listed = _column_list([*plan.columns, *METADATA_COLUMNS])
@@ -268,11 +269,7 @@ class IcebergSink(DeltaSink):
 
     def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
         """The table properties of a lake table cdclake creates for ``plan``."""
-        return {
-            **TABLE_PROPERTIES,
-            "cdclake.source": ".".join(p for p in (plan.database, plan.schema, plan.table) if p),
-            "cdclake.keyColumns": ",".join(plan.key_columns),
-        }
+        return {**TABLE_PROPERTIES, **source_properties(plan)}
 
     def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
         """Creates the table at ``path`` holding ``rows``, with ``properties`` (``CREATE TABLE ... AS SELECT``, atomic
@@ -331,7 +328,7 @@ class IcebergSink(DeltaSink):
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
-        recorded = self._properties_of(path).get("cdclake.keyColumns", "")
+        recorded = self._properties_of(path).get(KEY_COLUMNS_PROPERTY, "")
         return [k for k in recorded.split(",") if k]
 
     def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
@@ -373,7 +370,7 @@ class IcebergSink(DeltaSink):
             if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
         }
         if key_columns is not None:
-            properties["cdclake.keyColumns"] = key_columns
+            properties[KEY_COLUMNS_PROPERTY] = key_columns
         writer = rows.writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
