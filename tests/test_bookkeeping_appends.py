@@ -120,9 +120,13 @@ def test_a_sink_reads_the_versions_below_those_it_read_when_it_needs_them(spark:
     assert _appended(sink) == [3, 4, 5]
 
 
-@pytest.mark.parametrize("settings", ["both", "app id only", "version only"])
+@pytest.mark.parametrize(
+    "marker",
+    [{TXN_APP_ID: "app", TXN_VERSION: "7"}, {TXN_APP_ID: "app"}, {TXN_VERSION: "7"}],
+    ids=["both", "app id only", "version only"],
+)
 def test_an_append_ignores_the_marker_that_an_idempotent_block_sets_on_the_session(
-    spark: SparkSession, tmp_path: Path, settings: str
+    spark: SparkSession, tmp_path: Path, marker: dict[str, str]
 ) -> None:
     """The batch's background thread appends while the batch's thread is inside ``idempotent``, whose marker is a
     setting of the shared session. An append neither records that marker nor is skipped by it, and one that starts
@@ -130,12 +134,11 @@ def test_an_append_ignores_the_marker_that_an_idempotent_block_sets_on_the_sessi
     ``DELTA_INVALID_IDEMPOTENT_WRITES_OPTIONS``, which failed a batch in CI)."""
     sink = DeltaSink(spark, str(tmp_path / "lake"))
     sink.append(NAME, _rows(spark, 1), Txn("app", 1))
-    # The block's settings as another thread would find them while it enters or leaves the block.
-    marker = {"both": {TXN_APP_ID: "app", TXN_VERSION: "7"}, "app id only": {TXN_APP_ID: "app"}}
-    with session_settings(spark, marker.get(settings, {TXN_VERSION: "7"})):
+    # ``marker``: the block's settings as another thread would find them while it enters or leaves the block.
+    with session_settings(spark, marker):
         sink.append(NAME, _rows(spark, 2), Txn("app", 2))
         sink.append(NAME, _rows(spark, 3), None)
-        assert spark.conf.get(TXN_VERSION, None) == (None if settings == "app id only" else "7")  # left as it was
+        assert spark.conf.get(TXN_VERSION, None) == marker.get(TXN_VERSION)  # left as it was
 
     assert _appended(sink) == [1, 2, 3]
     assert not [action for action in _log_actions(Path(sink.system_path(NAME))) if "txn" in action]

@@ -417,7 +417,8 @@ def image_stages(
 @functools.cache
 def _field_index() -> Column:
     """``_info``: the staged ``_fields`` by column name."""
-    return F.map_from_entries(F.transform(F.col("_fields"), lambda f: F.struct(f["field"], f))).alias("_info")
+    fields = F.col("_fields")
+    return F.map_from_arrays(fields["field"], fields).alias("_info")
 
 
 @functools.cache

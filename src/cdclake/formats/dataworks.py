@@ -131,10 +131,11 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     data_columns = F.coalesce(schema["dataColumn"], F.array().cast("array<struct<name:string,type:string>>"))
     names = data_columns["name"]
     unique_names = F.size(F.array_distinct(names)) == F.size(names)
-    # No map for a null name (map_from_entries would throw): such a message is a dead letter of the shared checks.
+    # No map for a null name (map_from_arrays would throw): such a message is a dead letter of the shared checks.
+    # Array functions, not lambdas (forall, transform): Spark generates code for these.
     types = F.when(
-        unique_names & F.forall(names, lambda n: n.isNotNull()),
-        F.map_from_entries(F.transform(data_columns, lambda c: F.struct(c["name"], c["type"]))),
+        unique_names & (F.size(F.array_compact(names)) == F.size(names)),
+        F.map_from_arrays(names, data_columns["type"]),
     )
     is_oracle = F.coalesce(F.lower(source["dbType"]) == "oracle", F.lit(False))
     primary_key = F.coalesce(schema["primaryKey"], F.array().cast("array<string>"))

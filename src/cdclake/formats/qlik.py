@@ -440,7 +440,7 @@ def typed_image(entries: Column, image: Column, columns: Column) -> Column:
     """
     names = columns["name"]
     kept = F.filter(entries, lambda e: e["kept"])
-    typed = F.map_from_entries(F.transform(kept, lambda e: F.struct(e["name"], e["value"]["text"])))
+    typed = F.map_from_arrays(kept["name"], kept["value"]["text"])
     undeclared = F.map_filter(image, lambda k, _v: ~F.array_contains(names, k))
     bad = F.get(F.filter(entries, lambda e: e["kept"] & ~e["value"]["ok"]), 0)
     error = F.when(
