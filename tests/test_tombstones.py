@@ -17,7 +17,7 @@ import pytest
 
 from cdclake import apply
 from cdclake.sinks.delta import DeltaSink
-from cdclake.spark import local_frame
+from cdclake.spark import local_frame, session_settings
 
 pytestmark = pytest.mark.spark
 
@@ -144,3 +144,53 @@ def test_expiry_forgets_only_tombstones_older_than_the_retention(spark, tmp_path
     first_commit.unlink()
     sink.expire_tombstones(0)
     assert keys() == set()
+
+
+def test_a_batch_above_every_tombstone_reads_nothing_while_every_writers_new_tombstones_still_reject(
+    spark, tmp_path: Path
+) -> None:
+    """The gate's per-table bounds (TombstoneBounds): read in full once, then followed from the tombstones table's
+    commit files, whoever wrote them. A batch whose tables no tombstone reaches returns the folded changes untouched
+    (no read at all); a tombstone that another writer appended since (``dlq replay`` beside ``run``), a compaction of
+    the table, and a file written without statistics all leave the gate rejecting exactly what it must."""
+    lake = str(tmp_path / "lake")
+    sink, other_writer = DeltaSink(spark, lake), DeltaSink(spark, lake)
+    orders, customers = "db\x1f\x1forders", "db\x1f\x1fcustomers"
+    _write_tombstones(spark, sink, [(orders, json.dumps([k]), f"{100 + k:06d}/1") for k in range(10)])
+    bounds = sink.tombstone_bounds
+
+    def gated(folded: list[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        lowest: dict[str, str | None] = {}
+        for table, _, order in folded:
+            lowest[table] = min(order, lowest.get(table) or order)
+        return _gated(spark, sink, folded, lowest)
+
+    newer = [(orders, json.dumps([1]), "000200/1"), (customers, json.dumps([1]), "000050/1")]
+    frame = local_frame(spark, newer, FOLDED_SCHEMA)
+    assert sink.gate(frame, {orders: "000200/1", customers: "000050/1"}) is frame
+    assert bounds.full_reads == 1
+    assert gated([(orders, json.dumps([5]), "000104/1"), (orders, json.dumps([6]), "000107/1")]) == {
+        (orders, json.dumps([6]), "000107/1")
+    }
+
+    # Another writer's tombstones: a key of a table that had none, and a truncate above the batch below.
+    _write_tombstones(spark, other_writer, [(customers, json.dumps([1]), "000300/1"), (orders, "", "000250/1")])
+    assert gated(newer) == set()
+    assert gated([(customers, json.dumps([2]), "000060/1")]) == {(customers, json.dumps([2]), "000060/1")}
+    assert bounds.full_reads == 1
+
+    # A compaction adds files without data change: the bounds stay, and stay right.
+    path = sink.system_path(sink.TOMBSTONES)
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    late = (orders, json.dumps([3]), "000240/1")
+    assert gated([late]) == set()
+    assert gated([(orders, json.dumps([3]), "000251/1")]) == {(orders, json.dumps([3]), "000251/1")}
+    assert bounds.full_reads == 1
+
+    # A file without statistics cannot be bounded from the log: the bounds are read in full again.
+    with session_settings(spark, {"spark.databricks.delta.stats.collect": "false"}):
+        _write_tombstones(spark, other_writer, [(customers, json.dumps([7]), "000900/1")])
+    assert gated([(customers, json.dumps([7]), "000800/1")]) == set()
+    assert bounds.full_reads == 2
+    above = local_frame(spark, [(orders, json.dumps([1]), "001000/1")], FOLDED_SCHEMA)
+    assert sink.gate(above, {orders: "001000/1"}) is above

@@ -45,6 +45,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConstraintViolationError
+from cdclake.sinks._tombstone_bounds import TombstoneBounds
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import TableRoutes
 
@@ -486,6 +487,8 @@ class DeltaSink:
         # from this sink's own appends); None for a table from before the marker columns (Delta's markers).
         self._appended: dict[str, _AppendedVersions | None] = {}
         self._appended_lock = threading.Lock()
+        self.tombstone_bounds = TombstoneBounds(spark, self.system_path(self.TOMBSTONES))
+        """How far up each table's tombstones reach: the tables :meth:`gate` needs to read them for."""
         self.conflicts_retried = 0
         """Commits tried again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
 
@@ -1280,9 +1283,14 @@ class DeltaSink:
                 only the newer ones are read: with Delta's file statistics of ``position``, a stream in source order
                 reads no tombstone file at all, where reading them all grew with every delete of the retention
                 period (1,000 changes over 10 tables: 1.6 s at 1 million tombstones, 5.3 s at 10 million; now
-                0.24 s at both, ``python -m benchmarks.gate``).
+                0.24 s at both, ``python -m benchmarks.gate``). Tables that no tombstone reaches that far are left
+                out, and when that is all of them the tombstones table is not read at all
+                (:class:`~cdclake.sinks._tombstone_bounds.TombstoneBounds`).
         """
-        tombstones = self._tombstones(lowest_orders)
+        gated = self.tombstone_bounds.tables_to_gate(lowest_orders)
+        if not gated:
+            return folded
+        tombstones = self._tombstones({table: lowest_orders[table] for table in gated})
         if tombstones is None:
             return folded
         by_key = tombstones.where(F.col(apply.ROW_KEY) != "").select(
