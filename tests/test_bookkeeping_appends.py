@@ -7,11 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from cdclake.sinks.delta import MARKER_APP_COLUMN, MARKER_VERSION_COLUMN, TXN_APP_ID, TXN_VERSION, DeltaSink, Txn
+from cdclake.sinks.delta import (
+    MARKER_APP_COLUMN,
+    MARKER_VERSION_COLUMN,
+    TABLE_PROPERTIES,
+    TXN_APP_ID,
+    TXN_VERSION,
+    DeltaSink,
+    Txn,
+)
 from cdclake.spark import local_frame, session_settings
 
 NAME = "log"
@@ -142,3 +152,36 @@ def test_an_append_ignores_the_marker_that_an_idempotent_block_sets_on_the_sessi
 
     assert _appended(sink) == [1, 2, 3]
     assert not [action for action in _log_actions(Path(sink.system_path(NAME))) if "txn" in action]
+
+
+def test_a_table_created_here_is_compacted_by_count_and_a_found_one_at_its_first_append(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Delta's auto compaction compacts a table on its first file-adding commit in a process. A bookkeeping table
+    that the sink creates has nothing to compact then, so its appends compact only by count (``minNumFiles``, 5 here
+    instead of 50); a table the sink finds existing keeps the first compaction, which is what compacts it when every
+    run is shorter than the count. Each append writes two files here (no optimized write), so that a first compaction
+    has something to do and leaves a commit. The found table is written first by delta-rs: Delta's count lives in
+    the JVM, so only a table this JVM has never written is one it has not compacted."""
+
+    def compactions(path: str) -> list[int]:
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+        return sorted(row["version"] for row in history if row["operation"] == "OPTIMIZE")
+
+    def two_files(value: int) -> DataFrame:
+        return spark.range(value, value + 2, numPartitions=2).withColumnRenamed("id", "n")
+
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    found = sink.system_path("found")
+    write_deltalake(found, pa.table({"n": pa.array([0], pa.int64())}), configuration=dict(TABLE_PROPERTIES))
+    settings = {
+        "spark.databricks.delta.autoCompact.minNumFiles": "5",
+        "spark.databricks.delta.optimizeWrite.enabled": "false",
+    }
+    with session_settings(spark, settings):
+        for version in range(3):
+            sink.append(NAME, two_files(10 * version), Txn("app", version))
+        sink.append("found", two_files(1), Txn("app", 0))
+    assert compactions(sink.system_path(NAME)) == [3]  # once versions 0-2 made 6 files, not after the first
+    assert compactions(found) == [2]  # right after the sink's first append (version 1)
+    assert _appended(sink) == sorted(10 * v + i for v in range(3) for i in range(2))
