@@ -98,7 +98,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     lake = args.out / "gate-lake"
     shutil.rmtree(lake, ignore_errors=True)
     sink, reading_sink = DeltaSink(spark, str(lake)), DeltaSink(spark, str(lake))
-    reading_sink.tombstone_bounds = _EveryTableBounds(spark, reading_sink.system_path(reading_sink.TOMBSTONES))
+    reading_sink.tombstone_bounds = _EveryTableBounds(
+        spark, reading_sink.system_path(reading_sink.TOMBSTONES), reading_sink._hadoop_path
+    )
     table_ids = [f"db\x1f\x1ft{i}" for i in range(args.tables)]
     newest = _position(sizes[-1] + 1)
     in_order = _folded(spark, args.changes, args.tables, newest)

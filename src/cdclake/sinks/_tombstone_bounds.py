@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,9 +62,11 @@ class TombstoneBounds:
     and last table id, so they are folded into exact per-table bounds from time to time: one aggregate over the
     tombstones table, rather than a list that grows with every batch."""
 
-    def __init__(self, spark: SparkSession, path: str) -> None:
+    def __init__(self, spark: SparkSession, path: str, hadoop_path: Callable[[str], tuple[Any, Any]]) -> None:
+        """``hadoop_path``: a location -> its Hadoop ``Path`` and the ``FileSystem`` that holds it (the sink's)."""
         self.spark = spark
         self.path = path
+        self._hadoop_path = hadoop_path
         self._version: int | None = None
         """The newest table version the bounds cover; -1 when there was no table; None before the first read."""
         self._exact: dict[str, str] = {}
@@ -165,15 +167,10 @@ class TombstoneBounds:
 
     @functools.cached_property
     def _fs(self) -> Any:
-        return self._hadoop_path(self.path).getFileSystem(self.spark._jsc.hadoopConfiguration())
-
-    def _hadoop_path(self, location: str) -> Any:
-        jvm = self.spark._jvm
-        assert jvm is not None
-        return jvm.org.apache.hadoop.fs.Path(location)
+        return self._hadoop_path(self.path)[1]
 
     def _commit_file(self, version: int) -> Any:
-        return self._hadoop_path(f"{self.path}/_delta_log/{version:020d}.json")
+        return self._hadoop_path(commit_file(self.path, version))[0]
 
     def _read_text(self, path: Any) -> str:
         jvm = self.spark._jvm
@@ -183,6 +180,11 @@ class TombstoneBounds:
             return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
         finally:
             stream.close()
+
+
+def commit_file(table_path: str, version: int) -> str:
+    """The commit file of ``version`` of the Delta table at ``table_path`` (PROTOCOL.md "Delta Log Entries")."""
+    return f"{table_path}/_delta_log/{version:020d}.json"
 
 
 class _UnboundedFileError(Exception):

@@ -45,7 +45,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConstraintViolationError
-from cdclake.sinks._tombstone_bounds import TombstoneBounds
+from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import TableRoutes
 
@@ -494,7 +494,7 @@ class DeltaSink:
         self._appended_lock = threading.Lock()
         # Bookkeeping tables that did not exist at this sink's first append to them: created in this process.
         self._created_here: set[str] = set()
-        self.tombstone_bounds = TombstoneBounds(spark, self.system_path(self.TOMBSTONES))
+        self.tombstone_bounds = TombstoneBounds(spark, self.system_path(self.TOMBSTONES), self._hadoop_path)
         """How far up each table's tombstones reach: the tables :meth:`gate` needs to read them for."""
         self.conflicts_retried = 0
         """Commits tried again after a concurrent commit conflicted with them (:attr:`CONFLICT_ATTEMPTS`)."""
@@ -1365,7 +1365,7 @@ class DeltaSink:
         """When the Delta table at ``path`` was created, in epoch milliseconds: the modification time of its first
         commit file (written once, when the table was created). None when there is no such file: no table, or an
         old one whose first commits Delta's log clean-up removed."""
-        first_commit, fs = self._hadoop_path(f"{path}/_delta_log/{0:020d}.json")
+        first_commit, fs = self._hadoop_path(commit_file(path, 0))
         if not fs.exists(first_commit):
             return None
         return int(fs.getFileStatus(first_commit).getModificationTime())
