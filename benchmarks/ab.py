@@ -88,7 +88,32 @@ def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(DeltaSink, "check_constraints", return_value={})
 
 
+def _log_store(class_name: str) -> Callable[[Any], AbstractContextManager[Any]]:
+    """Delta's log store ``class_name`` for the side's file: paths (cdclake.spark.EMBEDDED_CONF sets LocalLogStore).
+
+    Delta picks a table's log store when it first opens the table, from the live SparkConf, so the side's tables keep
+    the store they were opened with: the side sets it while its batches run (the first one opens its tables)."""
+
+    @contextmanager
+    def use(spark: Any) -> Iterator[None]:
+        conf = spark.sparkContext._jsc.sc().conf()
+        key = "spark.delta.logStore.file.impl"
+        before = conf.getOption(key)
+        conf.set(key, class_name)
+        try:
+            yield
+        finally:
+            if before.isDefined():
+                conf.set(key, before.get())
+            else:
+                conf.remove(key)
+
+    return use
+
+
 VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
+    # Delta's default log store for file: paths (before cdclake.spark.EMBEDDED_CONF chose LocalLogStore).
+    "hdfs-log-store": _log_store("io.delta.storage.HDFSLogStore"),
     "plans-per-batch": _plans_per_batch,
     "no-constraint-reads": _no_constraint_reads,
     "no-key-ranges": _no_key_ranges,
