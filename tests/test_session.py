@@ -201,3 +201,52 @@ def test_the_session_holds_the_jvm_classes_pyspark_looks_up_by_name(spark) -> No
     finally:
         JVMView.__getattr__ = original  # type: ignore[method-assign]
     assert not set(names) & set(PINNED_JVM_CLASSES), names
+
+
+def _processes_started(spark, work) -> list[tuple[str, list[str]]]:  # type: ignore[no-untyped-def]
+    """(command, class names of its stack) of each process the driver JVM starts while ``work()`` runs, from a JFR
+    recording of ``jdk.ProcessStart`` events."""
+    jvm = spark.sparkContext._jvm
+    recording = jvm.jdk.jfr.Recording()
+    recording.enable("jdk.ProcessStart").withStackTrace()
+    recording.start()
+    try:
+        work()
+    finally:
+        recording.stop()
+    no_attributes = spark.sparkContext._gateway.new_array(jvm.java.nio.file.attribute.FileAttribute, 0)
+    dump = jvm.java.nio.file.Files.createTempFile("cdclake-processes", ".jfr", no_attributes)
+    try:
+        recording.dump(dump)
+        started = []
+        for event in jvm.jdk.jfr.consumer.RecordingFile.readAllEvents(dump):
+            frames = event.getStackTrace().getFrames() if event.getStackTrace() is not None else []
+            classes = [str(frame.getMethod().getType().getName()) for frame in frames]
+            started.append((str(event.getString("command")), classes))
+        return started
+    finally:
+        recording.close()
+        jvm.java.nio.file.Files.deleteIfExists(dump)
+
+
+@pytest.mark.spark
+def test_a_delta_commit_on_the_local_disk_starts_no_readlink_process(spark, tmp_path: Path) -> None:
+    """Delta's default log store for file: paths (HDFSLogStore) renames a commit file through Hadoop's FileContext,
+    which runs `readlink` in a new process for both paths of each rename (no native Hadoop library): 8 processes per
+    commit. The embedded session uses its LocalLogStore, which renames through the FileSystem API."""
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "t")
+    spark.range(3).write.format("delta").save(path)
+
+    def commits() -> None:
+        spark.range(2).write.format("delta").mode("append").save(path)
+        DeltaTable.forPath(spark, path).delete("id = 0")
+
+    started = _processes_started(spark, commits)
+    from_log_store = [
+        command for command, classes in started if any(name.startswith("io.delta.storage.") for name in classes)
+    ]
+    assert from_log_store, "the recording saw none of the log store's processes (its chmod of the new file)"
+    assert not [command for command in from_log_store if command.startswith("readlink")], from_log_store
+    assert sorted(row.id for row in spark.read.format("delta").load(path).collect()) == [1, 1, 2]
