@@ -232,8 +232,10 @@ def _processes_started(spark, work) -> list[tuple[str, list[str]]]:  # type: ign
 @pytest.mark.spark
 def test_a_delta_commit_on_the_local_disk_starts_no_readlink_process(spark, tmp_path: Path) -> None:
     """Delta's default log store for file: paths (HDFSLogStore) renames a commit file through Hadoop's FileContext,
-    which runs `readlink` in a new process for both paths of each rename (no native Hadoop library): 8 processes per
-    commit. The embedded session uses its LocalLogStore, which renames through the FileSystem API."""
+    which runs `readlink` in a new process for both paths of each rename and their checksum files (no native Hadoop
+    library): 4 processes per commit. The embedded session uses its LocalLogStore, which renames through the
+    FileSystem API. (Delta's version checksum, written after each commit through Spark's CheckpointFileManager, still
+    starts some: they are not the log store's.)"""
     from delta.tables import DeltaTable
 
     path = str(tmp_path / "t")

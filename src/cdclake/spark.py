@@ -80,14 +80,15 @@ EMBEDDED_CONF: Final = {
     # A table's log replay in one task: each MERGE of a small table starts with one (100 tables: -14% batch time).
     "spark.databricks.delta.snapshotPartitions": "1",
     # Delta's commit files on a local disk (file: paths only) written by its LocalLogStore, not its HDFSLogStore.
-    # HDFSLogStore renames through Hadoop's FileContext, which reads the link status of both paths by running
-    # `readlink` in a new process (no native Hadoop library here): 8 processes per commit, its JSON and .crc files,
-    # 1,632 of the 2,244 processes a 100-table batch started, at about 3.5 ms of CPU each. LocalLogStore renames
-    # through the FileSystem API and starts none. Neither is atomic between processes on a local disk (both check
-    # that the version is free, then rename, and rename(2) replaces a file); LocalLogStore also serialises a table's
-    # commits within the JVM. 100 tables, steady batches of 25,000 events, both stores interleaved in one process
-    # (python -m benchmarks.ab, now --variant hdfs-log-store): 180.8 -> 152.3 s for three batches, MERGE step
-    # 163.0 -> 137.7 s.
+    # HDFSLogStore renames through Hadoop's FileContext, which reads the link status of both paths (and of their
+    # checksum files) by running `readlink` in a new process (no native Hadoop library here): 4 processes per commit,
+    # at about 3.5 ms of CPU each. LocalLogStore renames through the FileSystem API and starts none. A steady
+    # 10-table batch started 265 processes before (192 readlink), 169 after (96 readlink: Delta's version checksum
+    # goes through Spark's CheckpointFileManager, see AGENTS.md). Neither store is atomic between processes on a
+    # local disk (both check that the version is free, then rename, and rename(2) replaces a file); LocalLogStore
+    # also serialises a table's commits within the JVM. 100 tables, steady batches of 25,000 events, both stores
+    # interleaved in one process (python -m benchmarks.ab, now --variant hdfs-log-store): 180.8 -> 152.3 s for three
+    # batches, MERGE step 163.0 -> 137.7 s.
     "spark.delta.logStore.file.impl": "io.delta.storage.LocalLogStore",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     # Compiled classes of generated code kept for reuse (Spark's default 100): one batch's decoders and MERGEs use
