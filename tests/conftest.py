@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -33,11 +34,23 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+TEST_JVM_OPTIONS: Final = "-XX:MaxInlineLevel=6 -XX:InlineSmallCode=1000 -XX:-DoEscapeAnalysis"
+"""JIT settings of the test sessions' driver JVMs: less C2 inlining, no escape analysis. A worker's JVM runs hundreds
+of different query shapes a few times each, and half of its CPU went to the JIT compilers. Two cold JVMs side by side
+on 2 cores, as the workers run (``python -m benchmarks.jit_options``): slowest 438 s with the JVM's defaults (twice),
+406 s with these; compiler CPU per JVM 147 -> 112 s. Figures and the settings tried: AGENTS.md. The embedded default
+(``cdclake.spark``) keeps the JVM's own: a long-running stream lives on its peak code, which was not measured."""
+
+
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     from cdclake.spark import get_session
 
-    session = get_session("cdclake-tests", master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    session = get_session(
+        "cdclake-tests",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS},
+    )
     yield session
     session.stop()
 

@@ -1,0 +1,142 @@
+"""JVM options for short-lived drivers, measured the way the test suite runs: two JVMs side by side on the cores.
+
+``python -m benchmarks.jit_options [--options "-XX:..."] [--jvms 2] [--streams 12]``
+
+Each side starts ``--jvms`` fresh driver processes at once (as pytest-xdist starts its workers), and each replays the
+same rendered streams (6 formats, twice over, SCD2 tables on two of them; 3 tables, two batches per stream) from a
+cold start. The sides run one after the other, the defaults first: compare their wall times and the CPU of the JIT
+compiler threads. Read from ``/proc``, so Linux only. Figures behind ``tests.conftest.TEST_JVM_OPTIONS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STREAMS = [
+    ("canal-json", False),
+    ("ogg-json", True),
+    ("dts-avro", False),
+    ("maxwell-json", False),
+    ("dataworks-json", True),
+    ("qlik-json", False),
+] * 2
+"""(format, with an SCD2 table) replayed in order by each JVM: different decoders and history, as tests mix them."""
+
+
+def _thread_cpu(pid: int, name_part: str | None = None) -> float:
+    """CPU seconds of the process's threads (those whose name holds ``name_part``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if name_part is not None and name_part not in (task / "comm").read_text():
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _one_jvm(options: str, streams: int) -> None:
+    """Child process: one driver JVM replaying :data:`STREAMS`; prints one ``RESULT`` line."""
+    from cdclake.formats import get_format
+    from cdclake.runner import replay
+    from cdclake.spark import get_session
+    from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
+    from cdclake.workload.renderers import to_lines
+
+    started = time.perf_counter()
+    conf = {"spark.sql.shuffle.partitions": "2"}
+    if options:
+        conf["spark.driver.extraJavaOptions"] = options
+    spark = get_session("jit-options", master="local[2]", conf=conf)
+    pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    history = SourceHistory.generate(
+        HistoryConfig(seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1)
+    )
+    shape = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
+    for format_name, scd2 in STREAMS[:streams]:
+        stream = render_stream(format_name, history, shape, seed=5)
+        binary = get_format(format_name).encoding == "binary"
+        captured = sum(1 for m in stream.messages if m.value is not None)
+        directory = Path(tempfile.mkdtemp(prefix="cdclake-jit-"))
+        try:
+            capture = directory / "capture.txt"
+            capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
+            replay(
+                spark,
+                lake=str(directory / "lake"),
+                format_name=format_name,
+                paths=[str(capture)],
+                encoding="b64" if binary else "lines",
+                keys=stream.keys,
+                format_options=stream.format_options,
+                batch_lines=captured // 2 + 1,
+                scd2=scd2,
+            )
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    print(
+        f"RESULT {time.perf_counter() - started:.1f} {_thread_cpu(pid):.1f} {_thread_cpu(pid, 'Compiler'):.1f}",
+        flush=True,
+    )
+    spark.stop()
+
+
+def _side(options: str, jvms: int, streams: int) -> list[tuple[float, float, float]]:
+    """Starts ``jvms`` children at once; (wall s, JVM CPU s, compiler CPU s) of each."""
+    arguments = ["--child", f"--options={options}", f"--streams={streams}"]
+    command = [sys.executable, "-m", "benchmarks.jit_options", *arguments]
+    children = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(jvms)
+    ]
+    figures = []
+    for child in children:
+        out, _ = child.communicate()
+        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+        if child.returncode != 0 or line is None:
+            raise SystemExit(f"a child JVM failed (exit {child.returncode}): {out[-2000:]}")
+        wall, cpu, compiler = map(float, line.split()[1:])
+        figures.append((wall, cpu, compiler))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--options", default="-XX:MaxInlineLevel=6 -XX:InlineSmallCode=1000 -XX:-DoEscapeAnalysis")
+    parser.add_argument("--jvms", type=int, default=2)
+    parser.add_argument("--streams", type=int, default=len(STREAMS), help="replay only the first N streams")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _one_jvm(args.options, args.streams)
+        return
+    sides = {"defaults": "", "options": args.options}
+    results = {name: _side(options, args.jvms, args.streams) for name, options in sides.items()}
+    for name, figures in results.items():
+        walls = ", ".join(f"{w:.1f}" for w, _, _ in figures)
+        print(
+            f"{name:8s} {sides[name] or '(JVM defaults)'}: wall s {walls}; per JVM: CPU "
+            f"{sum(c for _, c, _ in figures) / len(figures):.0f} s, JIT compiler threads "
+            f"{sum(j for _, _, j in figures) / len(figures):.0f} s"
+        )
+    ratio = max(w for w, _, _ in results["options"]) / max(w for w, _, _ in results["defaults"])
+    print(f"options / defaults (slowest JVM of each side): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
