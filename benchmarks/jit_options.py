@@ -3,9 +3,9 @@
 ``python -m benchmarks.jit_options [--options "-XX:..."] [--jvms 2] [--streams 12]``
 
 Each side starts ``--jvms`` fresh driver processes at once (as pytest-xdist starts its workers), and each replays the
-same rendered streams (6 formats, twice over, SCD2 tables on two of them; 3 tables, two batches per stream) from a
-cold start. The sides run one after the other, the defaults first: compare their wall times and the CPU of the JIT
-compiler threads. Read from ``/proc``, so Linux only. Figures behind ``tests.conftest.TEST_JVM_OPTIONS``.
+same rendered streams (6 formats, twice over, with SCD2 tables for two of the formats; 3 tables, two batches per
+stream) from a cold start. The sides run one after the other, the defaults first: compare their wall times and the
+CPU of the JIT compiler threads. Read from ``/proc``, so Linux only. Figures behind ``tests.conftest.TEST_JVM_OPTIONS``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.conftest import TEST_JVM_OPTIONS
 
 STREAMS = [
     ("canal-json", False),
@@ -60,7 +62,16 @@ def _one_jvm(options: str, streams: int) -> None:
     spark = get_session("jit-options", master="local[2]", conf=conf)
     pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
     history = SourceHistory.generate(
-        HistoryConfig(seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1)
+        HistoryConfig(
+            seed=5,
+            tables=3,
+            events=120,
+            keys_per_table=15,
+            keyless_tables=1,
+            truncates=1,
+            added_columns=1,
+            null_ratio=0.2,
+        )
     )
     shape = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
     for format_name, scd2 in STREAMS[:streams]:
@@ -95,29 +106,29 @@ def _side(options: str, jvms: int, streams: int) -> list[tuple[float, float, flo
     """Starts ``jvms`` children at once; (wall s, JVM CPU s, compiler CPU s) of each."""
     arguments = ["--child", f"--options={options}", f"--streams={streams}"]
     command = [sys.executable, "-m", "benchmarks.jit_options", *arguments]
-    children = [
-        subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        for _ in range(jvms)
-    ]
-    figures = []
-    for child in children:
-        out, _ = child.communicate()
-        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-        if child.returncode != 0 or line is None:
-            raise SystemExit(f"a child JVM failed (exit {child.returncode}): {out[-2000:]}")
-        wall, cpu, compiler = map(float, line.split()[1:])
-        figures.append((wall, cpu, compiler))
+    with tempfile.TemporaryDirectory(prefix="cdclake-jit-logs-") as logs:
+        # Their logs go to files: a pipe that nobody reads while another child is awaited would stall its writer.
+        log_paths = [Path(logs) / f"child{index}.log" for index in range(jvms)]
+        children = []
+        for log_path in log_paths:
+            with log_path.open("w") as log_file:
+                children.append(
+                    subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True),
+                )
+        figures = []
+        for child, log_path in zip(children, log_paths, strict=True):
+            out, _ = child.communicate()
+            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+            if child.returncode != 0 or line is None:
+                raise SystemExit(f"a child JVM failed (exit {child.returncode}):\n{log_path.read_text()[-3000:]}")
+            wall, cpu, compiler = map(float, line.split()[1:])
+            figures.append((wall, cpu, compiler))
     return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--options", default="-XX:MaxInlineLevel=6 -XX:InlineSmallCode=1000 -XX:-DoEscapeAnalysis")
+    parser.add_argument("--options", default=TEST_JVM_OPTIONS, help="default: the test sessions' options")
     parser.add_argument("--jvms", type=int, default=2)
     parser.add_argument("--streams", type=int, default=len(STREAMS), help="replay only the first N streams")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
