@@ -39,9 +39,8 @@ TEST_JVM_OPTIONS: Final = "-XX:MaxInlineLevel=6 -XX:InlineSmallCode=1000 -XX:-Do
 of different query shapes a few times each, and half of its CPU went to the JIT compilers. Two cold JVMs side by side
 on 2 cores, as the workers run (``python -m benchmarks.jit_options``): slowest 438 s with the JVM's defaults (twice),
 406 s with these; compiler CPU per JVM 147 -> 112 s. The whole suite did not show it beyond noise (pytest 1,932 s
-before, 1,928 s after; the gain is in a JVM's first minutes). Figures and the settings tried: AGENTS.md. The embedded
-default (``cdclake.spark``) keeps the JVM's own: a long-running stream lives on its peak code, which was not
-measured."""
+before, 1,928 s after). Figures and the settings tried: AGENTS.md. The embedded default (``cdclake.spark``) keeps the
+JVM's own: a long-running stream lives on its peak code, which was not measured."""
 
 
 @pytest.fixture(scope="session")
