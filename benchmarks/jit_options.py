@@ -32,34 +32,34 @@ STREAMS = [
 """(format, with an SCD2 table) replayed in order by each JVM: different decoders and history, as tests mix them."""
 
 
+def _cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc`` ``stat`` file (of a process or one of its threads)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _process_cpu(pid: int) -> float:
     """CPU seconds of the whole process, threads that ended included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def _thread_cpu(pid: int, name_part: str) -> float:
     """CPU seconds of the process's live threads whose name holds ``name_part``."""
-    ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if name_part not in (task / "comm").read_text():
-                continue
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            if name_part in (task / "comm").read_text():
+                total += _cpu_seconds(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
-        total += (int(fields[11]) + int(fields[12])) / ticks
     return total
 
 
 def _one_jvm(options: str, streams: int) -> None:
     """Child process: one driver JVM replaying :data:`STREAMS`; prints one ``RESULT`` line."""
-    from cdclake.formats import get_format
-    from cdclake.runner import replay
     from cdclake.spark import get_session
     from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-    from cdclake.workload.renderers import to_lines
+    from tests.e2e.helpers import replay_in_two_batches
 
     started = time.perf_counter()
     conf = {"spark.sql.shuffle.partitions": "2"}
@@ -67,38 +67,18 @@ def _one_jvm(options: str, streams: int) -> None:
         conf["spark.driver.extraJavaOptions"] = options
     spark = get_session("jit-options", master="local[2]", conf=conf)
     pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    history = SourceHistory.generate(
-        HistoryConfig(
-            seed=5,
-            tables=3,
-            events=120,
-            keys_per_table=15,
-            keyless_tables=1,
-            truncates=1,
-            added_columns=1,
-            null_ratio=0.2,
-        )
+    # The history and shape of tests/e2e/test_rendered_streams.py, replayed as it replays them (that module is not
+    # imported: mypy would check the test module with the benchmarks).
+    config = HistoryConfig(
+        seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
     )
+    history = SourceHistory.generate(config)
     shape = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
     for format_name, scd2 in STREAMS[:streams]:
         stream = render_stream(format_name, history, shape, seed=5)
-        binary = get_format(format_name).encoding == "binary"
-        captured = sum(1 for m in stream.messages if m.value is not None)
         directory = Path(tempfile.mkdtemp(prefix="cdclake-jit-"))
         try:
-            capture = directory / "capture.txt"
-            capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
-            replay(
-                spark,
-                lake=str(directory / "lake"),
-                format_name=format_name,
-                paths=[str(capture)],
-                encoding="b64" if binary else "lines",
-                keys=stream.keys,
-                format_options=stream.format_options,
-                batch_lines=captured // 2 + 1,
-                scd2=scd2,
-            )
+            replay_in_two_batches(spark, directory, stream, format_name, scd2=scd2)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     print(
