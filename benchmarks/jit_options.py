@@ -58,8 +58,8 @@ def _thread_cpu(pid: int, name_part: str) -> float:
 def _one_jvm(options: str, streams: int) -> None:
     """Child process: one driver JVM replaying :data:`STREAMS`; prints one ``RESULT`` line."""
     from cdclake.spark import get_session
-    from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-    from tests.e2e.helpers import replay_in_two_batches
+    from cdclake.workload import SourceHistory, render_stream
+    from tests.e2e.helpers import RENDERED_HISTORY, RENDERED_SHAPE, replay_in_two_batches
 
     started = time.perf_counter()
     conf = {"spark.sql.shuffle.partitions": "2"}
@@ -67,15 +67,10 @@ def _one_jvm(options: str, streams: int) -> None:
         conf["spark.driver.extraJavaOptions"] = options
     spark = get_session("jit-options", master="local[2]", conf=conf)
     pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    # The history and shape of tests/e2e/test_rendered_streams.py, replayed as it replays them (that module is not
-    # imported: mypy would check the test module with the benchmarks).
-    config = HistoryConfig(
-        seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
-    )
-    history = SourceHistory.generate(config)
-    shape = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
+    # The rendered streams of tests/e2e/test_rendered_streams.py, replayed as it replays them.
+    history = SourceHistory.generate(RENDERED_HISTORY)
     for format_name, scd2 in STREAMS[:streams]:
-        stream = render_stream(format_name, history, shape, seed=5)
+        stream = render_stream(format_name, history, RENDERED_SHAPE, seed=5)
         directory = Path(tempfile.mkdtemp(prefix="cdclake-jit-"))
         try:
             replay_in_two_batches(spark, directory, stream, format_name, scd2=scd2)

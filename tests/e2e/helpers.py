@@ -15,7 +15,7 @@ from cdclake.devtools.verify import compare_lake, describe, read_table, user_row
 from cdclake.formats import get_format
 from cdclake.pipeline import BatchResult
 from cdclake.runner import replay
-from cdclake.workload import DataWorksOptions, HistoryConfig, Message, SourceHistory, render, to_jsonl
+from cdclake.workload import DataWorksOptions, HistoryConfig, Message, RenderOptions, SourceHistory, render, to_jsonl
 from cdclake.workload.renderers import RenderedStream, to_lines
 
 
@@ -80,6 +80,15 @@ def scd2_reader(spark: SparkSession, lake: str, table_format: str) -> Callable[[
         return user_rows(row.asDict() for row in live.collect())
 
     return read_live_versions
+
+
+RENDERED_HISTORY = HistoryConfig(
+    seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
+)
+"""The source history of every format's rendered stream in tests/e2e/test_rendered_streams.py (and of
+``benchmarks.jit_options``, which replays the same streams)."""
+RENDERED_SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
+"""The traps those rendered streams carry."""
 
 
 def replay_in_two_batches(

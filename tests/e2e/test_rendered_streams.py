@@ -17,15 +17,10 @@ import pytest
 
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.formats import list_formats
-from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
-from tests.e2e.helpers import replay_in_two_batches, scd2_reader
+from cdclake.workload import SourceHistory, render_stream, renderers
+from tests.e2e.helpers import RENDERED_HISTORY, RENDERED_SHAPE, replay_in_two_batches, scd2_reader
 
 pytestmark = pytest.mark.spark
-
-HISTORY = HistoryConfig(
-    seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
-)
-SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
 
 
 WITH_SCD2 = {"dts-avro", "ogg-json", "lindorm-debezium"}
@@ -46,13 +41,13 @@ def test_every_format_has_a_renderer() -> None:
 
 @pytest.mark.parametrize("format_name", sorted(renderers()))
 def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
-    history = SourceHistory.generate(HISTORY)
-    stream = render_stream(format_name, history, SHAPE, seed=5)
+    history = SourceHistory.generate(RENDERED_HISTORY)
+    stream = render_stream(format_name, history, RENDERED_SHAPE, seed=5)
     lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, scd2=format_name in WITH_SCD2)
     captured = sum(1 for m in stream.messages if m.value is not None)
 
     assert len(results) == 2
-    assert sum(r.messages for r in results) >= captured - SHAPE.malformed
+    assert sum(r.messages for r in results) >= captured - RENDERED_SHAPE.malformed
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     assert sum(r.dead_letters for r in results) == malformed
     truth = stream.expected_truth(history)
