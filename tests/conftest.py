@@ -43,17 +43,43 @@ before, 1,928 s after). Figures and the settings tried: AGENTS.md. The embedded 
 JVM's own: a long-running stream lives on its peak code, which was not measured."""
 
 
+TEST_COMPACTION_MODE: Final = "false"
+"""Delta's auto compaction in the test sessions compacts by count only
+(``cdclake.sinks.delta.AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY``). In its default mode Delta also compacts every table on
+its first file-adding commit in the process, about 0.5-1 s per table however small; nearly every test writes new
+tables (lake, history and bookkeeping tables of a fresh lake), so that first compaction was a large share of the
+suite. ``tests/e2e/test_replay.py`` alone, one process, alternated: 218 and 187 s in the default mode, 169 and 175 s
+count only. What a table ends holding does not depend on the mode. The tests about compaction itself ask for the
+default mode (the ``first_compaction`` fixture), and the tests that start `cdclake run` as a process get it too."""
+
+
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
+    from cdclake.sinks.delta import AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY
     from cdclake.spark import get_session
 
     session = get_session(
         "cdclake-tests",
         master="local[2]",
-        conf={"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS},
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+            AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY: TEST_COMPACTION_MODE,
+        },
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def first_compaction(spark):  # type: ignore[no-untyped-def]
+    """Delta's default auto compaction mode for the test, as cdclake's embedded session runs it: each table is
+    compacted on its first file-adding commit in the process too (``TEST_COMPACTION_MODE``)."""
+    from cdclake.sinks.delta import AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY
+    from cdclake.spark import session_settings
+
+    with session_settings(spark, {AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY: "true"}):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -154,6 +154,7 @@ def test_an_append_ignores_the_marker_that_an_idempotent_block_sets_on_the_sessi
     assert not [action for action in _log_actions(Path(sink.system_path(NAME))) if "txn" in action]
 
 
+@pytest.mark.usefixtures("first_compaction")
 def test_a_table_created_here_is_compacted_by_count_and_a_found_one_at_its_first_append(
     spark: SparkSession, tmp_path: Path
 ) -> None:

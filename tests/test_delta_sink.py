@@ -95,6 +95,7 @@ def test_the_merge_of_a_single_table_keeps_every_partition(spark, tmp_path: Path
     assert _writes(lake / "crm" / "only") == [(CREATED_WITH_ROWS, 40, partitions), ("MERGE", 40, partitions)]
 
 
+@pytest.mark.usefixtures("first_compaction")
 def test_writes_are_optimized_so_a_new_table_is_not_compacted_at_once(spark, tmp_path: Path) -> None:
     lake = _replay(spark, tmp_path, ["only"])
     # Optimized writes (one file for small rows), so auto compaction, which compacts each table on its first
@@ -105,6 +106,7 @@ def test_writes_are_optimized_so_a_new_table_is_not_compacted_at_once(spark, tmp
     assert table.detail().first()["properties"]["delta.autoOptimize.optimizeWrite"] == "true"  # type: ignore[index]
 
 
+@pytest.mark.usefixtures("first_compaction")
 def test_small_files_of_many_batches_are_compacted(spark, tmp_path: Path) -> None:
     # One message per batch: each insert adds a file, so without compaction the table would end with at least 3 (4
     # inserts; the delete removes row 0, alone in its file). Compaction starts at 2 small files here (50 by default).
