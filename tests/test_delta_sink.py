@@ -727,3 +727,45 @@ def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: 
     properties = detail["properties"]
     assert (properties["cdclake.keyColumns"], properties["cdclake.source"]) == ("id", "crm.t")
     assert properties["delta.dataSkippingStatsColumns"] == "`id`,_cdc_position"
+
+
+class _KilledBeforeThePropertiesError(Exception):
+    """Stands for the process being killed between the two commits of DeltaSink._create_beside_leftovers."""
+
+
+def test_a_table_created_beside_leftovers_and_killed_again_gets_its_properties_on_the_next_run(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The creation beside a killed creation's files is two commits (the rows with Delta's properties, then
+    cdclake's). Killed between them, the table holds its rows but not the key columns it was created with; the next
+    run, which finds the batch applied, gives them back before anything reads them (a later rename needs them)."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from tests.formats.golden import messages_frame
+
+    lake = tmp_path / "lake"
+    table = lake / "crm" / "t"
+    spark.range(3).selectExpr("id", "'killed' AS v").write.parquet(str(table))  # files of the killed write
+    lines = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(2)], TYPES)]
+    frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
+    settings = PipelineSettings(lake=str(lake), app_id="again", default_format="canal-json")
+
+    def killed_after_the_rows(self, path, rows, properties, marker):  # type: ignore[no-untyped-def]
+        # The first of _create_beside_leftovers' two commits, as it makes it.
+        delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
+        rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)
+        raise _KilledBeforeThePropertiesError(path)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DeltaSink, "_create_beside_leftovers", killed_after_the_rows)
+        with pytest.raises(_KilledBeforeThePropertiesError):
+            Pipeline(spark, settings).process_batch(frame, 4)
+    properties = DeltaTable.forPath(spark, str(table)).detail().first()["properties"]  # type: ignore[index]
+    assert "cdclake.keyColumns" not in properties
+    assert properties["delta.autoOptimize.optimizeWrite"] == "true"
+
+    again = Pipeline(spark, settings)
+    again.process_batch(frame, 4)
+    properties = DeltaTable.forPath(spark, str(table)).detail().first()["properties"]  # type: ignore[index]
+    assert (properties["cdclake.keyColumns"], properties["cdclake.source"]) == ("id", "crm.t")
+    assert again.sink.key_columns("crm", None, "t") == ["id"]
+    assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == [(0, "v0"), (1, "v1")]
