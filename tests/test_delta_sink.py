@@ -700,11 +700,10 @@ def test_a_table_another_writer_creates_first_gets_its_rows_by_a_merge(spark, tm
     assert [op for op in operations if op != "OPTIMIZE"] == [CREATED_WITH_ROWS, "MERGE"]
 
 
-def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: Path) -> None:
-    """A creation with rows killed before its commit leaves data files and no Delta table, and Spark's catalog then
-    refuses to create a table there. The next run creates it beside them, with cdclake's properties and the batch's
-    marker; the files no commit lists are not read."""
-    from cdclake.pipeline import Pipeline, PipelineSettings
+def _after_a_killed_creation(spark, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """(the path of lake table crm.t, holding only a killed creation's data files; a batch of two inserts into it;
+    the settings of the pipeline that applies it as batch 4)."""
+    from cdclake.pipeline import PipelineSettings
     from tests.formats.golden import messages_frame
 
     lake = tmp_path / "lake"
@@ -713,6 +712,16 @@ def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: 
     lines = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(2)], TYPES)]
     frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
     settings = PipelineSettings(lake=str(lake), app_id="again", default_format="canal-json")
+    return table, frame, settings
+
+
+def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: Path) -> None:
+    """A creation with rows killed before its commit leaves data files and no Delta table, and Spark's catalog then
+    refuses to create a table there. The next run creates it beside them, with cdclake's properties and the batch's
+    marker; the files no commit lists are not read."""
+    from cdclake.pipeline import Pipeline
+
+    table, frame, settings = _after_a_killed_creation(spark, tmp_path)
 
     Pipeline(spark, settings).process_batch(frame, 4)
     assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == [(0, "v0"), (1, "v1")]
@@ -739,15 +748,9 @@ def test_a_table_created_beside_leftovers_and_killed_again_gets_its_properties_o
     """The creation beside a killed creation's files is two commits (the rows with Delta's properties, then
     cdclake's). Killed between them, the table holds its rows but not the key columns it was created with; the next
     run, which finds the batch applied, gives them back before anything reads them (a later rename needs them)."""
-    from cdclake.pipeline import Pipeline, PipelineSettings
-    from tests.formats.golden import messages_frame
+    from cdclake.pipeline import Pipeline
 
-    lake = tmp_path / "lake"
-    table = lake / "crm" / "t"
-    spark.range(3).selectExpr("id", "'killed' AS v").write.parquet(str(table))  # files of the killed write
-    lines = [row_message("INSERT", "t", [{"id": str(i), "v": f"v{i}"} for i in range(2)], TYPES)]
-    frame = messages_frame(spark, [{"value": json.loads(line)} for line in lines], topic="canal")
-    settings = PipelineSettings(lake=str(lake), app_id="again", default_format="canal-json")
+    table, frame, settings = _after_a_killed_creation(spark, tmp_path)
 
     def killed_after_the_rows(self, path, rows, properties, marker):  # type: ignore[no-untyped-def]
         # The first of _create_beside_leftovers' two commits, as it makes it.
