@@ -48,7 +48,7 @@ TEST_COMPACTION_MODE: Final = "false"
 (``cdclake.sinks.delta.AUTO_COMPACT_MODIFIED_PARTITIONS_ONLY``). In its default mode Delta also compacts every table on
 its first file-adding commit in the process, about 0.5-1 s per table however small, and nearly every test writes new
 tables (lake, history and bookkeeping tables of a fresh lake). ``tests/e2e/test_replay.py`` alone, one process,
-alternated: 218 and 187 s in the default mode, 169 and 175 s count only; the whole suite 1,695 -> 1,611 s (AGENTS.md).
+alternated: 218 and 187 s in the default mode, 169 and 175 s count only; the whole suite less clearly (AGENTS.md).
 What a table ends holding does not depend on the mode. The tests about compaction itself ask for the
 default mode (the ``first_compaction`` fixture), and the tests that start `cdclake run` as a process get it too."""
 
