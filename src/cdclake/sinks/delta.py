@@ -706,9 +706,7 @@ class DeltaSink:
         a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key columns."""
         if "cdclake.source" not in self._properties(path):
             log.warning("%s lacks cdclake's table properties (cdclake.source, %s): set now", path, KEY_COLUMNS_PROPERTY)
-            listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in source_properties(plan).items())
-            self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({listed})")
-        self._source_properties_checked.add(path)
+            self._set_properties(path, source_properties(plan))
 
     def _leave_to_first_write(self, path: str, plan: TablePlan) -> list[tuple[str, str]]:
         """Leaves the missing table at ``path`` to its first :meth:`merge` (``ensure_table``'s ``defer_creation``);
@@ -1019,10 +1017,7 @@ class DeltaSink:
         log.warning("%s holds files but no Delta table (a write killed before its commit): created beside them", path)
         delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
         rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)
-        listed = ", ".join(
-            f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items() if k not in delta_properties
-        )
-        self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({listed})")
+        self._set_properties(path, {k: v for k, v in properties.items() if k not in delta_properties})
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
         """Executes ``statement`` on the table at ``path`` (``matched_on`` instead of the statement's own, if given),
@@ -1287,6 +1282,11 @@ class DeltaSink:
 
     def _has_deletion_vectors(self, path: str) -> bool:
         return str(self._properties(path).get(ENABLE_DELETION_VECTORS, "false")).lower() == "true"
+
+    def _set_properties(self, path: str, properties: Mapping[str, str]) -> None:
+        """Sets ``properties`` on the Delta table at ``path``: one commit."""
+        listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
+        self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({listed})")
 
     def _properties(self, path: str) -> dict[str, str]:
         """The table properties of the Delta table at ``path``. ``SHOW TBLPROPERTIES``, not ``DeltaTable.detail``, which
