@@ -110,9 +110,7 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
     table = f"{lake}/shop/orders"
 
     def land(name: str, *messages: str) -> None:
-        capture = tmp_path / f"{name}.jsonl"
-        capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
-        replay(spark, lake=lake, format_name="dataworks-json", paths=[str(capture)])
+        _land(spark, tmp_path, "dataworks-json", name, *messages)
 
     def rows() -> list[tuple[Any, ...]]:
         frame = spark.read.format("delta").load(table)
@@ -174,12 +172,106 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
     assert (report.selected, report.applied, [f.offset for f in report.failures]) == (4, 3, [2])
     assert rows() == [(1, "a"), (3, "c"), (4, "d"), (5, "ok"), (6, "x")]
 
-    # A condition over cdclake's own columns cannot be evaluated on an image: Delta checks it at the MERGE, and the
-    # batch stops with one clear error instead of Delta's stack trace.
+    # A condition over cdclake's own columns cannot be read off an image: it is checked on the row the MERGE would
+    # write, which carries them.
     spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT early CHECK (_cdc_position < '{'0' * 22}10')")
+    land("4-cdclake-columns", _message("INSERT", 10, {"id": 7, "v": "y"}))
+    assert rows() == [(1, "a"), (3, "c"), (4, "d"), (5, "ok"), (6, "x")]
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").where("topic LIKE '%4-cdclake-columns%'")
+    assert [r["reason"] for r in dead.collect()] == [_row_not_met("early", f"_cdc_position < '{'0' * 22}10'")]
+
+
+def _land(spark: SparkSession, tmp_path: Path, format_name: str, name: str, *messages: str) -> None:
+    """Replays ``messages`` (one batch, captured as ``<name>.jsonl``) into the lake at ``tmp_path / "lake"``."""
+    capture = tmp_path / f"{name}.jsonl"
+    capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
+    replay(spark, lake=str(tmp_path / "lake"), format_name=format_name, paths=[str(capture)])
+
+
+def _row_not_met(name: str, condition: str, table: str = "shop/orders") -> str:
+    return (
+        "the row that the batch's changes of this key write (the stored row with them applied) does not meet CHECK "
+        f"constraint {name} ({condition}) of lake table {table}: correct it at the source, or change the constraint "
+        f"(ALTER TABLE ... DROP CONSTRAINT {name}), then replay these dead letters"
+    )
+
+
+def _ogg(op: str, position: int, after: dict[str, Any]) -> str:
+    """An Oracle GoldenGate JSON message of table ``SHOP.ORDERS`` (key ``ID``); an update's after image holds only
+    the columns it names (a compressed update: partial, maxwell-ogg.md 2)."""
+    return json.dumps(
+        {
+            "table": "SHOP.ORDERS",
+            "op_type": op,
+            "op_ts": "2024-03-01 10:15:31.000000",
+            "pos": f"{position:020d}",
+            "primary_keys": ["ID"],
+            "after": after,
+        }
+    )
+
+
+@pytest.mark.spark
+def test_rows_that_partial_images_write_are_checked_with_their_stored_values(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A partial image keeps the stored values of the columns it lacks, so whether its row meets a constraint
+    depends on them, and on the batch's other changes of the key: such rows are checked as the MERGE would write
+    them. Before, Delta refused the MERGE, so the whole batch, on every restart."""
+    lake = str(tmp_path / "lake")
+    table = f"{lake}/SHOP/ORDERS"
+
+    def land(name: str, *messages: str) -> None:
+        _land(spark, tmp_path, "ogg-json", name, *messages)
+
+    def rows() -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in spark.read.format("delta").load(table).select("ID", "A", "B", "N").collect())
+
+    land(
+        "1-rows",
+        _ogg("I", 1, {"ID": 1, "A": 1, "B": 5, "N": 3}),
+        _ogg("I", 2, {"ID": 2, "A": 2, "B": 6, "N": 4}),
+        _ogg("I", 3, {"ID": 4, "A": 1, "B": 9, "N": 1}),
+    )
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT lt CHECK (A < B)")
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT positive CHECK (N > 0)")
+    land(
+        "2-partial",
+        _ogg("U", 4, {"ID": 1, "A": 7}),  # 7 < the stored B 5 does not hold
+        _ogg("U", 5, {"ID": 2, "A": 3}),  # holds alone (3 < 6), but not with the next change of the key
+        _ogg("U", 6, {"ID": 2, "B": 2}),  # the row written: A 3, B 2
+        _ogg("U", 7, {"ID": 3, "A": 1, "B": 2}),  # no stored row: N is NULL, which does not meet positive
+        _ogg("U", 8, {"ID": 4, "A": 2}),  # 2 < 9: lands
+        _ogg("I", 9, {"ID": 5, "A": 1, "B": 2, "N": 1}),
+    )
+    # Each refused key keeps its stored row; the rest of the batch landed.
+    assert rows() == [(1, 1, 5, 3), (2, 2, 6, 4), (4, 2, 9, 1), (5, 1, 2, 1)]
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").orderBy("offset").collect()
+    lt, positive = _row_not_met("lt", "A < B", "SHOP/ORDERS"), _row_not_met("positive", "N > 0", "SHOP/ORDERS")
+    assert [(r["offset"], r["reason"]) for r in dead] == [(0, lt), (1, lt), (2, lt), (3, positive)]
+
+    # The owner drops `lt`: the refused changes replay in their order; key 3 still has no N.
+    spark.sql(f"ALTER TABLE delta.`{table}` DROP CONSTRAINT lt")
+    report = replay_dead_letters(spark, lake)
+    assert (report.selected, report.applied, [f.offset for f in report.failures]) == (4, 3, [3])
+    assert rows() == [(1, 7, 5, 3), (2, 3, 2, 4), (4, 2, 9, 1), (5, 1, 2, 1)]
+
+
+@pytest.mark.spark
+def test_a_condition_that_cannot_be_checked_before_the_merge_stops_the_batch_with_one_clear_error(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When cdclake cannot evaluate a condition itself (here: as if Spark did not accept it over the rows), Delta
+    checks it at the MERGE, and the batch stops with one clear error instead of Delta's stack trace."""
+    from cdclake import pipeline
+
+    table = f"{tmp_path}/lake/SHOP/ORDERS"
+    _land(spark, tmp_path, "ogg-json", "1", _ogg("I", 1, {"ID": 1, "A": 1, "B": 5, "N": 3}))
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT lt CHECK (A < B)")
+    monkeypatch.setattr(pipeline, "unmet_on_rows", lambda constraints, _table, _rows: (None, sorted(constraints)))
     with pytest.raises(ConstraintViolationError) as raised:
-        land("4-unchecked", _message("INSERT", 10, {"id": 7, "v": "y"}))
+        _land(spark, tmp_path, "ogg-json", "2", _ogg("U", 2, {"ID": 1, "A": 7}))
     assert str(raised.value).startswith(
-        f"MERGE into {table} failed: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint early "
+        f"MERGE into {table} failed: [DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint lt "
     )
     assert "correct the row at the source or change the constraint, then restart" in str(raised.value)

@@ -342,6 +342,8 @@ class TablePlan:
     or after it (the tombstone gate reads only the tombstones from there on, ``DeltaSink.gate``)."""
     ddl_count: int = 0
     row_events: int = 0
+    partial_events: int = 0
+    """Row events whose after image is partial (``model.AFTER_IS_PARTIAL``): the rows they write keep stored values."""
     declared_types: dict[str, set[str]] = field(default_factory=dict)
     """Lower-cased column name -> every Spark type the batch's messages declare for it along with a value (usually
     one). A type declared only next to NULLs may be a vendor's guess (dts.md 1.7: TEXT and BLOB share their codes),
@@ -374,6 +376,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             F.col(model.COLUMNS),
             keys.alias("keys"),
             _valued_columns().alias("valued"),
+            F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias("partial"),
         )
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
@@ -386,6 +389,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             F.max(F.when(F.col("op") == Op.TRUNCATE, F.col(ORDER))).alias("truncate_order"),
             F.sum(F.when(F.col("op") == Op.DDL, 1).otherwise(0)).alias("ddl_count"),
             F.sum(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), 1).otherwise(0)).alias("row_events"),
+            F.sum(F.when(F.col("partial"), 1).otherwise(0)).alias("partial_events"),
         )
         .collect()
     )
@@ -431,4 +435,5 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             plan.first_order = row["first_order"]
         plan.ddl_count += row["ddl_count"]
         plan.row_events += row["row_events"]
+        plan.partial_events += row["partial_events"]
     return list(plans.values())

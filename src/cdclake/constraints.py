@@ -5,7 +5,8 @@ The lake's owner may add CHECK constraints to a lake table (Delta: ``ALTER TABLE
 MERGE, so the whole batch, and again after every restart. cdclake therefore evaluates each condition on the row
 events' after images first (:func:`violation_reason`); an event whose row would not meet it goes to the dead letters
 with the constraint named, and the rest of the batch lands. As Delta does, a condition that evaluates to NULL is not
-met.
+met. What an image cannot settle (a partial image keeps stored values; a condition over cdclake's own columns) is
+checked on the rows a MERGE would write (:func:`unmet_on_rows`, over the sink's ``rows_written``).
 
 Conditions come from the lake table, not from a message: they are the owner's Spark SQL. cdclake only rewrites
 their column references (:func:`condition_on_image`) so that they read the event's after image, typed as the table
@@ -56,8 +57,8 @@ def _typed_after_value(name: str, spark_type: str) -> exp.Expr:
 def condition_on_image(condition: str, table_columns: Sequence[tuple[str, str]]) -> str | None:
     """``condition`` with every column reference replaced by the event's after-image value of that column, typed as
     the table column; None when cdclake cannot evaluate it that way (a reference that is not a table column, a
-    column type without canonical text, or text sqlglot cannot parse). Such a constraint is left to the table
-    format, which then fails the batch of a row that does not meet it."""
+    column type without canonical text, or text sqlglot cannot parse). Such a constraint is checked on the rows a
+    MERGE would write instead (:func:`unmet_on_rows`)."""
     types = {name.lower(): (name, spark_type) for name, spark_type in table_columns}
     try:
         tree = sqlglot.parse_one(condition, read="spark")
@@ -86,8 +87,8 @@ def violation_reason(
     ``events``).
 
     Only events with an after image are checked (inserts, updates, snapshot rows): a delete writes no row. A partial
-    image that lacks a column the condition reads is not checked: the row keeps that column's stored value, which
-    the event does not carry.
+    image that lacks a column the condition reads is not checked here: the row keeps that column's stored value, which
+    the event does not carry (:func:`unmet_on_rows` checks the row).
     """
     after = F.col(model.AFTER)
     with_row = F.col(model.OP).isin(model.Op.INSERT.value, model.Op.UPDATE.value, model.Op.UPSERT.value)
@@ -109,6 +110,29 @@ def violation_reason(
             f"the row does not meet CHECK constraint {name} ({condition}) of lake table {table}: correct it at the "
             f"source, or change the constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay this dead letter"
         )
+        reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
+    return reason, unchecked
+
+
+def unmet_on_rows(constraints: Mapping[str, str], table: str, rows: DataFrame) -> tuple[Column | None, list[str]]:
+    """Per row of ``rows`` (rows as a write would leave them in the lake table, with its columns: the sink's
+    ``rows_written``): why it does not meet one of the table's CHECK ``constraints`` (name -> condition), null when
+    it meets them all; and the names of the constraints Spark does not accept over ``rows`` (left to the table
+    format). The conditions are evaluated as the owner wrote them, so this also checks what
+    :func:`violation_reason` cannot: the stored values a partial image keeps, and cdclake's own columns."""
+    reason: Column | None = None
+    unchecked: list[str] = []
+    for name, condition in sorted(constraints.items()):
+        met = _accepted(condition, rows)
+        if met is None:
+            unchecked.append(name)
+            continue
+        message = F.lit(
+            f"the row that the batch's changes of this key write (the stored row with them applied) does not meet "
+            f"CHECK constraint {name} ({condition}) of lake table {table}: correct it at the source, or change the "
+            f"constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay these dead letters"
+        )
+        not_met = ~F.coalesce(met, F.lit(False))
         reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
     return reason, unchecked
 

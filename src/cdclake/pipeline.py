@@ -41,7 +41,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
-from cdclake.constraints import violation_reason
+from cdclake.constraints import unmet_on_rows, violation_reason
 from cdclake.ddl import TableName
 from cdclake.evolve import (
     SCHEMA_CHANGES,
@@ -650,7 +650,7 @@ class Pipeline:
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
 
-        misfit = self._misfit_reason(plans, table_columns, constraints, good)
+        misfit, unchecked = self._misfit_reason(plans, table_columns, constraints, good)
         if misfit is not None:
             with result.timed("misfit"):
                 bad = good.where(misfit.isNotNull())
@@ -659,6 +659,14 @@ class Pipeline:
                     self._dead_letters(bad, misfit, batch_id, _sub_txn(txn, _misfit_marker(constraints)))
                     result.dead_letters += extra
                 good = good.where(misfit.isNull())
+        # The rows that partial images write keep stored values the events do not carry, and some conditions cannot
+        # be read off an image: such tables' rows are checked as the MERGE would write them.
+        written = [p for p in plans if constraints.get(p.table_id) and (p.partial_events or p.table_id in unchecked)]
+        if written:
+            with result.timed("misfit"):
+                good = self._refuse_rows_not_meeting_constraints(
+                    good, written, table_columns, constraints, batch_id, txn, result
+                )
 
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
@@ -814,15 +822,8 @@ class Pipeline:
         txn: Txn | None,
         result: BatchResult,
     ) -> None:
-        changes = apply.row_changes(good, self.settings.keys)
+        changes = _not_truncated(apply.row_changes(good, self.settings.keys), plans)
         truncated = [p for p in plans if p.truncate_order]
-        if truncated:
-            # Changes ordered before a TRUNCATE of their table in the same batch are void.
-            keep: Column = F.lit(True)
-            for plan in truncated:
-                assert plan.truncate_order is not None
-                keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
-            changes = changes.where(keep)
         with result.timed("fold"):
             folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
             # A local checkpoint, not persist: Delta refuses to MERGE from a source it has not copied when the
@@ -903,16 +904,18 @@ class Pipeline:
         table_columns: Mapping[str, list[tuple[str, str]]],
         constraints: Mapping[str, dict[str, str]],
         events: DataFrame,
-    ) -> Column | None:
+    ) -> tuple[Column | None, set[str]]:
         """Per event: why it does not fit the lake table (null when it fits): a value that does not fit the table's
         column type, or a row that does not meet one of the table's CHECK ``constraints`` (by table id;
-        :mod:`cdclake.constraints`).
+        :mod:`cdclake.constraints`). And the ids of the tables with a constraint that cannot be checked on the
+        events' images (:meth:`_refuse_rows_not_meeting_constraints` checks them on the rows a MERGE would write).
 
         The decoder already checked each value against the type its message declares; the type check only matters
         when a message declares a column with another type than the table already has.
         """
         reason: Column | None = None
         unmet: list[Column] = []
+        unchecked_tables: set[str] = set()
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
@@ -947,17 +950,77 @@ class Pipeline:
                     constraints[plan.table_id], table_columns[plan.table_id], lake_table, events
                 )
                 if unchecked:
-                    log.warning(
-                        "CHECK constraints %s of lake table %s (source %s) cannot be checked before the MERGE: a row "
-                        "that does not meet one fails the batch",
-                        unchecked,
-                        lake_table,
-                        name,
-                    )
+                    unchecked_tables.add(plan.table_id)
                 if not_met is not None:
                     unmet.append(F.when(this_table, not_met))
         reasons = [r for r in (reason, *unmet) if r is not None]
-        return F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)
+        return (F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)), unchecked_tables
+
+    def _refuse_rows_not_meeting_constraints(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        constraints: Mapping[str, dict[str, str]],
+        batch_id: int,
+        txn: Txn | None,
+        result: BatchResult,
+    ) -> DataFrame:
+        """``good`` without the events of the keys whose rows, as the MERGE would write them, would not meet one of
+        their table's CHECK ``constraints``; those events go to the dead letters (every row event of such a key in
+        the batch: the key keeps its stored row, which met them, and the events replay in their order later).
+
+        For the ``plans`` whose events the per-event check cannot settle: a partial image writes the stored values
+        of the columns it lacks (``CHECK (a < b)`` and an update of ``a`` alone), and a condition may read what an
+        image does not hold (cdclake's own columns). Without this, Delta refuses the whole MERGE, so the batch, on
+        every restart. It costs a fold and a join with the table's rows, for these tables only.
+        """
+        ids = [plan.table_id for plan in plans]
+        this_batch = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
+        folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
+        folded = folded.localCheckpoint(eager=True)
+        self._batch_frames.append(folded)
+        refused: dict[str, list[str]] = {}  # reason -> the keys it refuses (table id and row key)
+        for plan in plans:
+            lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
+            of_table = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
+            rows = self.sink.rows_written(plan, table_columns[plan.table_id], of_table, [apply.ROW_KEY])
+            reason, unchecked = unmet_on_rows(constraints[plan.table_id], lake_table, rows)
+            if unchecked:
+                log.warning(
+                    "CHECK constraints %s of lake table %s cannot be evaluated on its rows before the MERGE: a row "
+                    "that does not meet one fails the batch",
+                    unchecked,
+                    lake_table,
+                )
+            if reason is None:
+                continue
+            not_met = rows.select(apply.ROW_KEY, reason.alias("_reason")).where(F.col("_reason").isNotNull())
+            for row in not_met.collect():
+                refused.setdefault(row["_reason"], []).append(plan.table_id + _KEY_SEP + row[apply.ROW_KEY])
+        if not refused:
+            return good
+        keys = apply.effective_keys(good, self.settings.keys)
+        row_event = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+        # An event writes the key of its after image and, when its key changes or it deletes, its before image's.
+        event_keys = [
+            F.when(image.isNotNull(), F.concat(this_batch, F.lit(_KEY_SEP), apply.key_of(image, keys)))
+            for image in (F.col(model.AFTER), F.col(model.BEFORE))
+        ]
+        reason_of: Column | None = None
+        for message, refused_keys in sorted(refused.items()):
+            writes_one = reduce(Column.__or__, (F.coalesce(k.isin(*refused_keys), F.lit(False)) for k in event_keys))
+            hit = row_event & writes_one
+            reason_of = F.when(hit, message) if reason_of is None else reason_of.when(hit, message)
+        assert reason_of is not None
+        staged = good.withColumn("_unmet", reason_of).localCheckpoint(eager=True)
+        self._batch_frames.append(staged)
+        bad = staged.where(F.col("_unmet").isNotNull())
+        extra = bad.count()
+        self._dead_letters(bad, F.col("_unmet"), batch_id, _sub_txn(txn, _misfit_marker(constraints) + "/rows"))
+        result.dead_letters += extra
+        return staged.where(F.col("_unmet").isNull()).drop("_unmet")
 
     # -------------------------------------------------------------------------------------------------------------
     # Transaction-consistent mode
@@ -1298,6 +1361,22 @@ _PROGRESS_ROLLUP = (
     "scope string, database string, schema string, table string, topic string, partition int, last_offset bigint, "
     "events bigint, ops map<string,bigint>, last_event_micros bigint, last_position string, lake_table string"
 )
+
+
+_KEY_SEP: Final = "\x1e"
+"""Between a table id and a row key, in the keys whose rows do not meet a CHECK constraint."""
+
+
+def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
+    """``changes`` without those ordered before a TRUNCATE of their table in the same batch: they are void."""
+    truncated = [p for p in plans if p.truncate_order]
+    if not truncated:
+        return changes
+    keep: Column = F.lit(True)
+    for plan in truncated:
+        assert plan.truncate_order is not None
+        keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
+    return changes.where(keep)
 
 
 def _misfit_marker(constraints: Mapping[str, Mapping[str, str]]) -> str:

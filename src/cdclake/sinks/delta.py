@@ -159,6 +159,13 @@ def quote(identifier: str) -> str:
     return "`" + identifier.replace("`", "``") + "`"
 
 
+def _unquoted(identifier: str) -> str:
+    """The identifier that ``identifier`` names, quoted by :func:`quote` or not."""
+    if len(identifier) > 1 and identifier.startswith("`") and identifier.endswith("`"):
+        return identifier[1:-1].replace("``", "`")
+    return identifier
+
+
 @dataclass(frozen=True)
 class Txn:
     """Idempotent-writer identity of one batch's commits."""
@@ -295,7 +302,12 @@ class MergeStatement:
 
 
 def merge_statement(
-    plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, partitions: int, table: str
+    plan: TablePlan,
+    table_columns: Sequence[tuple[str, str]],
+    changes: DataFrame,
+    partitions: int,
+    table: str,
+    carried: Sequence[str] = (),
 ) -> MergeStatement:
     """The MERGE of one table's folded, gated ``changes`` into a table with ``table_columns``: a delete or an upsert
     applies only when its order is at least the row's recorded one; a partial image keeps the columns it lacks.
@@ -303,6 +315,7 @@ def merge_statement(
     Args:
         partitions: at most this many source partitions (so files, when the target has none to rewrite).
         table: the table's name, for the error of a key column it lacks.
+        carried: columns of ``changes`` kept in the source as they are (:func:`written_rows` passes them on).
     """
     image = F.col(apply.IMAGE)
     present = F.map_keys(image)
@@ -316,7 +329,7 @@ def merge_statement(
     for index, (name, spark_type) in enumerate(table_columns):
         source_columns.append(model.typed_value(image[name], spark_type).alias(f"_c{index}"))
         source_columns.append(F.array_contains(present, F.lit(name)).alias(f"_p{index}"))
-    source = changes.coalesce(partitions).select(*source_columns)
+    source = changes.coalesce(partitions).select(*source_columns, *carried)
     index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
     missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]
     if missing_keys:
@@ -360,6 +373,29 @@ def inserted_rows(statement: MergeStatement, schema: StructType) -> DataFrame:
         return (F.lit(None) if value is None else F.expr(value)).cast(field.dataType).alias(field.name)
 
     return source.select(*map(value_of, schema.fields))
+
+
+def written_rows(
+    statement: MergeStatement, target: DataFrame, columns: Sequence[str], carried: Sequence[str]
+) -> DataFrame:
+    """The rows ``statement`` would write into the table that ``target`` reads, without writing them: per source row
+    that updates or inserts one, the row's ``columns`` as the MERGE would leave them (a partial image's missing
+    columns from the stored row) and the source's ``carried`` columns. Rows the MERGE deletes or leaves alone are
+    not in it. Delta enforces a table's CHECK constraints on exactly these rows."""
+    matched = "_cdc_check_matched"
+    stored = target.withColumn(matched, F.lit(True)).alias("t")
+    joined = statement.source.alias("s").join(stored, F.expr(statement.matched_on), "left")
+
+    def row(values: Mapping[str, str]) -> list[Column]:
+        # The statement names its target columns quoted (cdclake's own unquoted), as the table spells them.
+        named = {_unquoted(column).lower(): value for column, value in values.items()}
+        kept = [F.col(f"s.{quote(name)}").alias(name) for name in carried]
+        return [F.expr(named.get(name.lower(), "NULL")).alias(name) for name in columns] + kept
+
+    is_matched = F.col(f"t.{matched}").isNotNull()
+    updated = joined.where(is_matched & F.expr(statement.update_when or "true")).select(*row(statement.update_set))
+    inserted = joined.where(~is_matched & F.expr(statement.insert_when or "true")).select(*row(statement.insert_values))
+    return updated.unionByName(inserted)
 
 
 KEY_COLUMNS_PROPERTY: Final = "cdclake.keyColumns"
@@ -827,6 +863,17 @@ class DeltaSink:
         prefix = "delta.constraints."
         return {row["key"][len(prefix) :]: row["value"] for row in rows if row["key"].startswith(prefix)}
 
+    def rows_written(
+        self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, carried: Sequence[str]
+    ) -> DataFrame:
+        """The rows that :meth:`merge` of ``changes`` (one table's folded, gated changes) would write into the lake
+        table, with every column of the table (cdclake's own too) and the ``carried`` columns of ``changes``
+        (:func:`written_rows`). Nothing is written."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, carried)
+        target = self.read(plan.database, plan.table, plan.schema)
+        return written_rows(statement, target, target.columns, carried)
+
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         """The key columns recorded when cdclake created the table."""
         recorded = self._properties(self.table_path(database, schema, table)).get(KEY_COLUMNS_PROPERTY, "")
@@ -1035,8 +1082,8 @@ class DeltaSink:
             delta_message = " ".join(str(violated.getMessage()).split())
             raise ConstraintViolationError(
                 f"MERGE into {path} failed: {delta_message} (cdclake checks a lake table's CHECK constraints before "
-                "the MERGE, but not on partial images that lack a column the condition reads, nor conditions it "
-                "cannot evaluate: correct the row at the source or change the constraint, then restart)"
+                "the MERGE, but not a condition Spark does not accept over the table's rows, nor one added during the "
+                "batch: correct the row at the source or change the constraint, then restart)"
             ) from exc
 
     def _committing(self, path: str, operation: str, commit: Callable[[], None]) -> None:
