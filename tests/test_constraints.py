@@ -268,7 +268,7 @@ def test_a_condition_that_cannot_be_checked_before_the_merge_stops_the_batch_wit
     table = f"{tmp_path}/lake/SHOP/ORDERS"
     _land(spark, tmp_path, "ogg-json", "1", _ogg("I", 1, {"ID": 1, "A": 1, "B": 5, "N": 3}))
     spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT lt CHECK (A < B)")
-    monkeypatch.setattr(pipeline, "unmet_on_rows", lambda constraints, _table, _rows: (None, sorted(constraints)))
+    monkeypatch.setattr(pipeline, "unmet_on_rows", lambda constraints, _rows: (None, sorted(constraints)))
     with pytest.raises(ConstraintViolationError) as raised:
         _land(spark, tmp_path, "ogg-json", "2", _ogg("U", 2, {"ID": 1, "A": 7}))
     assert str(raised.value).startswith(

@@ -186,25 +186,37 @@ def _unmet(
     columns: Sequence[tuple[str, str]],
     lake_table: str,
 ) -> dict[str, int]:
-    """Per CHECK constraint of the table's existing lake table: how many of its events would not meet it."""
+    """Per CHECK constraint of the table's existing lake table: how many of its events would not meet it, as a run
+    would find them: each event's after image first, then, for a table whose events hold partial images (or with a
+    condition an image cannot settle), the rows their MERGE would write (``Pipeline.refused_keys``)."""
     constraints = pipeline.sink.check_constraints(*ident)
+    if not constraints:
+        return {}
+    table_id = apply.table_id_of(*ident)
+    this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == table_id
+    good = events.where(F.col(model.ERROR).isNull() & this_table)
+    label = {name: f"{name} ({condition})" for name, condition in constraints.items()}
     counted = []
     for name, condition in sorted(constraints.items()):
-        reason, _ = violation_reason({name: condition}, columns, lake_table, events)
+        reason, _ = violation_reason({name: condition}, columns, lake_table, good)
         if reason is not None:
-            counted.append((f"{name} ({condition})", F.count(reason)))
-    if not counted:
-        return {}
-    this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == apply.table_id_of(
-        *ident
-    )
-    row = (
-        events.where(F.col(model.ERROR).isNull() & this_table)
-        .agg(*(count.alias(f"c{i}") for i, (_, count) in enumerate(counted)))
-        .first()
-    )
-    assert row is not None
-    return {label: row[f"c{i}"] for i, (label, _) in enumerate(counted) if row[f"c{i}"]}
+            counted.append((label[name], F.count(reason)))
+    unmet: dict[str, int] = {}
+    if counted:
+        row = good.agg(*(count.alias(f"c{i}") for i, (_, count) in enumerate(counted))).first()
+        assert row is not None
+        unmet = {name: row[f"c{i}"] for i, (name, _) in enumerate(counted) if row[f"c{i}"]}
+    any_unmet, unchecked = violation_reason(constraints, columns, lake_table, good)
+    plans = [p for p in apply.plan_tables(good, pipeline.settings.keys) if p.table_id == table_id]
+    if plans and (plans[0].partial_events or unchecked):
+        fits = good if any_unmet is None else good.where(any_unmet.isNull())
+        refused = pipeline.refused_keys(fits, plans, {table_id: list(columns)}, {table_id: constraints})
+        by_label = {label[name]: keys for (_, name), keys in refused.items()}
+        if by_label:
+            reason = pipeline.refused_event_reason(fits, by_label)
+            for found in fits.where(reason.isNotNull()).groupBy(reason.alias("label")).count().collect():
+                unmet[found["label"]] = unmet.get(found["label"], 0) + found["count"]
+    return dict(sorted(unmet.items()))
 
 
 def _keys(configured: Sequence[str] | None, from_messages: Sequence[str] | None) -> tuple[list[str], str]:

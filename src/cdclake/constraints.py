@@ -114,27 +114,32 @@ def violation_reason(
     return reason, unchecked
 
 
-def unmet_on_rows(constraints: Mapping[str, str], table: str, rows: DataFrame) -> tuple[Column | None, list[str]]:
+def unmet_on_rows(constraints: Mapping[str, str], rows: DataFrame) -> tuple[Column | None, list[str]]:
     """Per row of ``rows`` (rows as a write would leave them in the lake table, with its columns: the sink's
-    ``rows_written``): why it does not meet one of the table's CHECK ``constraints`` (name -> condition), null when
-    it meets them all; and the names of the constraints Spark does not accept over ``rows`` (left to the table
-    format). The conditions are evaluated as the owner wrote them, so this also checks what
-    :func:`violation_reason` cannot: the stored values a partial image keeps, and cdclake's own columns."""
-    reason: Column | None = None
+    ``rows_written``): the name of the first of the table's CHECK ``constraints`` (name -> condition, by name) that
+    it does not meet, null when it meets them all; and the names of the constraints Spark does not accept over
+    ``rows`` (left to the table format). The conditions are evaluated as the owner wrote them, so this also checks
+    what :func:`violation_reason` cannot: the stored values a partial image keeps, and cdclake's own columns."""
+    first_unmet: Column | None = None
     unchecked: list[str] = []
     for name, condition in sorted(constraints.items()):
         met = _accepted(condition, rows)
         if met is None:
             unchecked.append(name)
             continue
-        message = F.lit(
-            f"the row that the batch's changes of this key write (the stored row with them applied) does not meet "
-            f"CHECK constraint {name} ({condition}) of lake table {table}: correct it at the source, or change the "
-            f"constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay these dead letters"
-        )
         not_met = ~F.coalesce(met, F.lit(False))
-        reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
-    return reason, unchecked
+        first_unmet = F.when(not_met, F.lit(name)) if first_unmet is None else first_unmet.when(not_met, F.lit(name))
+    return first_unmet, unchecked
+
+
+def row_not_met(name: str, condition: str, table: str) -> str:
+    """The dead letters' reason for the events of a key whose row, as written (:func:`unmet_on_rows`), would not
+    meet CHECK constraint ``name``."""
+    return (
+        f"the row that the batch's changes of this key write (the stored row with them applied) does not meet CHECK "
+        f"constraint {name} ({condition}) of lake table {table}: correct it at the source, or change the constraint "
+        f"(ALTER TABLE ... DROP CONSTRAINT {name}), then replay these dead letters"
+    )
 
 
 def _accepted(condition: str, events: DataFrame) -> Column | None:

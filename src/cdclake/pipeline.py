@@ -41,7 +41,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
 )
-from cdclake.constraints import unmet_on_rows, violation_reason
+from cdclake.constraints import row_not_met, unmet_on_rows, violation_reason
 from cdclake.ddl import TableName
 from cdclake.evolve import (
     SCHEMA_CHANGES,
@@ -967,60 +967,84 @@ class Pipeline:
         result: BatchResult,
     ) -> DataFrame:
         """``good`` without the events of the keys whose rows, as the MERGE would write them, would not meet one of
-        their table's CHECK ``constraints``; those events go to the dead letters (every row event of such a key in
-        the batch: the key keeps its stored row, which met them, and the events replay in their order later).
-
-        For the ``plans`` whose events the per-event check cannot settle: a partial image writes the stored values
-        of the columns it lacks (``CHECK (a < b)`` and an update of ``a`` alone), and a condition may read what an
-        image does not hold (cdclake's own columns). Without this, Delta refuses the whole MERGE, so the batch, on
-        every restart. It costs a fold and a join with the table's rows, for these tables only.
-        """
-        ids = [plan.table_id for plan in plans]
-        this_batch = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
-        changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
-        folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
-        folded = folded.localCheckpoint(eager=True)
-        self._batch_frames.append(folded)
-        refused: dict[str, list[str]] = {}  # reason -> the keys it refuses (table id and row key)
-        for plan in plans:
-            lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
-            of_table = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
-            rows = self.sink.rows_written(plan, table_columns[plan.table_id], of_table, [apply.ROW_KEY])
-            reason, unchecked = unmet_on_rows(constraints[plan.table_id], lake_table, rows)
-            if unchecked:
-                log.warning(
-                    "CHECK constraints %s of lake table %s cannot be evaluated on its rows before the MERGE: a row "
-                    "that does not meet one fails the batch",
-                    unchecked,
-                    lake_table,
-                )
-            if reason is None:
-                continue
-            not_met = rows.select(apply.ROW_KEY, reason.alias("_reason")).where(F.col("_reason").isNotNull())
-            for row in not_met.collect():
-                refused.setdefault(row["_reason"], []).append(plan.table_id + _KEY_SEP + row[apply.ROW_KEY])
+        their table's CHECK ``constraints`` (:meth:`refused_keys`); those events go to the dead letters (every row
+        event of such a key in the batch: the key keeps its stored row, which met them, and the events replay in
+        their order later). Without this, Delta refuses the whole MERGE, so the batch, on every restart."""
+        refused = self.refused_keys(good, plans, table_columns, constraints)
         if not refused:
             return good
-        keys = apply.effective_keys(good, self.settings.keys)
-        row_event = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
-        # An event writes the key of its after image and, when its key changes or it deletes, its before image's.
-        event_keys = [
-            F.when(image.isNotNull(), F.concat(this_batch, F.lit(_KEY_SEP), apply.key_of(image, keys)))
-            for image in (F.col(model.AFTER), F.col(model.BEFORE))
-        ]
-        reason_of: Column | None = None
-        for message, refused_keys in sorted(refused.items()):
-            writes_one = reduce(Column.__or__, (F.coalesce(k.isin(*refused_keys), F.lit(False)) for k in event_keys))
-            hit = row_event & writes_one
-            reason_of = F.when(hit, message) if reason_of is None else reason_of.when(hit, message)
-        assert reason_of is not None
-        staged = good.withColumn("_unmet", reason_of).localCheckpoint(eager=True)
+        messages: dict[str, list[str]] = {}
+        for (table_id, name), keys in refused.items():
+            database, schema, table = apply.split_table_id(table_id)
+            lake_table = "/".join(self.sink.lake_names(database, schema, table))
+            messages.setdefault(row_not_met(name, constraints[table_id][name], lake_table), []).extend(keys)
+        staged = good.withColumn("_unmet", self.refused_event_reason(good, messages)).localCheckpoint(eager=True)
         self._batch_frames.append(staged)
         bad = staged.where(F.col("_unmet").isNotNull())
         extra = bad.count()
         self._dead_letters(bad, F.col("_unmet"), batch_id, _sub_txn(txn, _misfit_marker(constraints) + "/rows"))
         result.dead_letters += extra
         return staged.where(F.col("_unmet").isNull()).drop("_unmet")
+
+    def refused_keys(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        constraints: Mapping[str, dict[str, str]],
+    ) -> dict[tuple[str, str], list[str]]:
+        """The keys of ``plans``' tables whose rows, as their MERGE would write them (the stored row with the batch's
+        changes of the key applied: ``rows_written``), would not meet one of the table's CHECK ``constraints``:
+        (table id, constraint name) -> the keys, each as the table id, ``_KEY_SEP`` and the row key. Writes nothing.
+
+        For the tables whose events the per-event check cannot settle: a partial image writes the stored values of
+        the columns it lacks (``CHECK (a < b)`` and an update of ``a`` alone), and a condition may read what an image
+        does not hold (cdclake's own columns). It costs a fold and a join with the table's rows, for these only."""
+        ids = [plan.table_id for plan in plans]
+        this_batch = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
+        folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
+        folded = folded.localCheckpoint(eager=True)
+        refused: dict[tuple[str, str], list[str]] = {}
+        try:
+            for plan in plans:
+                of_table = folded.where(F.col(apply.TABLE_ID) == plan.table_id)
+                rows = self.sink.rows_written(plan, table_columns[plan.table_id], of_table, [apply.ROW_KEY])
+                first_unmet, unchecked = unmet_on_rows(constraints[plan.table_id], rows)
+                if unchecked:
+                    log.warning(
+                        "CHECK constraints %s of lake table %s cannot be evaluated on its rows before the MERGE: a "
+                        "row that does not meet one fails the batch",
+                        unchecked,
+                        "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table)),
+                    )
+                if first_unmet is None:
+                    continue
+                not_met = rows.select(apply.ROW_KEY, first_unmet.alias("_name")).where(F.col("_name").isNotNull())
+                for row in not_met.collect():
+                    refused.setdefault((plan.table_id, row["_name"]), []).append(
+                        plan.table_id + _KEY_SEP + row[apply.ROW_KEY]
+                    )
+        finally:
+            release(folded)
+        return refused
+
+    def refused_event_reason(self, events: DataFrame, refused: Mapping[str, Sequence[str]]) -> Column:
+        """Per event of ``events``: the label under which ``refused`` (label -> keys, as :meth:`refused_keys` gives
+        them) lists a key the event writes; null for the others. An event writes the key of its after image and,
+        when its key changes or it deletes, its before image's."""
+        keys = apply.effective_keys(events, self.settings.keys)
+        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        event_keys = [
+            F.when(image.isNotNull(), F.concat(this_table, F.lit(_KEY_SEP), apply.key_of(image, keys)))
+            for image in (F.col(model.AFTER), F.col(model.BEFORE))
+        ]
+        row_event = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+        reason: Column = F.lit(None).cast("string")
+        for label, refused_keys in sorted(refused.items(), reverse=True):
+            writes_one = reduce(Column.__or__, (F.coalesce(k.isin(*refused_keys), F.lit(False)) for k in event_keys))
+            reason = F.when(row_event & writes_one, F.lit(label)).otherwise(reason)
+        return reason
 
     # -------------------------------------------------------------------------------------------------------------
     # Transaction-consistent mode

@@ -92,17 +92,24 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
     assert "1 messages read from where the checkpoint goes on" in checked.output
     assert "every message read decodes" in checked.output
 
-    # The lake's owner adds a CHECK constraint; the next message's row does not meet it: it would be a dead letter.
+    # The lake's owner adds CHECK constraints; the next message's row does not meet one: it would be a dead letter.
+    # The other one reads cdclake's own columns, which no image holds: the rows a MERGE would write are checked, as a
+    # run checks them (the change at source position 5 is not older than 5).
     spark.sql(f"ALTER TABLE delta.`{lake}/inv/stock` ADD CONSTRAINT positive CHECK (qty > 0)")
+    spark.sql(f"ALTER TABLE delta.`{lake}/inv/stock` ADD CONSTRAINT early CHECK (_cdc_position < '{'0' * 23}5')")
     broker.produce(
         kafka, topic, [(None, stock("INSERT", 6, None, {"code": "c", "qty": -1}, "LONG").encode())], partition=0
     )
     report = check_pipeline(spark, configured)
-    assert (report.messages, report.failed, report.unmet, report.ok) == (2, 0, 1, False)
-    assert [(t.name, t.unmet_constraints) for t in report.tables] == [("inv.stock", {"positive (qty > 0)": 1})]
+    assert (report.messages, report.failed, report.unmet, report.ok) == (2, 0, 2, False)
+    early = f"early (_cdc_position < '{'0' * 23}5')"
+    assert [(t.name, t.unmet_constraints) for t in report.tables] == [
+        ("inv.stock", {early: 1, "positive (qty > 0)": 1})
+    ]
     checked = CliRunner().invoke(app, ["check", str(path)])
     assert checked.exit_code == 1, checked.output
     assert (
         "1 events of inv.stock would not meet CHECK constraint positive (qty > 0) of lake table inv/stock (they would "
         "be dead letters)"
     ) in checked.output
+    assert f"1 events of inv.stock would not meet CHECK constraint {early} of lake table inv/stock" in checked.output
