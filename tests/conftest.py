@@ -106,28 +106,29 @@ def lake(tmp_path: Path) -> str:
 # idles. `make test` passes `--no-loadscope-reorder`: by default xdist orders files by their number of tests instead,
 # which sent the single-test files (test_stream_kill, 110 s) last. Files not listed keep their order after these.
 _LONG_FILES = (
-    "tests/e2e/test_rendered_streams.py",  # 533
-    "tests/test_delta_sink.py",  # 411
-    "tests/test_history.py",  # 398
-    "tests/e2e/test_replay.py",  # 330
-    "tests/test_dlq.py",  # 249
-    "tests/test_transactions.py",  # 244
-    "tests/test_iceberg_sink.py",  # 177
-    "tests/e2e/test_stream_kill.py",  # 176
-    "tests/test_deletion_vectors.py",  # 169
-    "tests/benchmarks/test_harness.py",  # 134
-    "tests/test_maintain.py",  # 119
-    "tests/formats/test_lambda_invariants.py",  # 114
-    "tests/formats/test_plan_reuse.py",  # 103
-    "tests/e2e/test_format_replay.py",  # 103
-    "tests/test_ddl.py",  # 101
-    "tests/e2e/test_property_streams.py",  # 91
-    "tests/test_session.py",  # 77
-    "tests/e2e/test_routes.py",  # 74
-    "tests/e2e/test_stream.py",  # 74
-    "tests/e2e/test_qlik_metadata.py",  # 65
-    "tests/devtools/test_broker.py",  # 62
-    "tests/formats/test_golden.py",  # 58
+    "tests/e2e/test_rendered_streams.py",  # 422
+    "tests/test_history.py",  # 366
+    "tests/test_delta_sink.py",  # 362
+    "tests/e2e/test_replay.py",  # 231
+    "tests/test_dlq.py",  # 212
+    "tests/test_transactions.py",  # 194
+    "tests/test_deletion_vectors.py",  # 160
+    "tests/e2e/test_stream_kill.py",  # 115-144 (the case is drawn)
+    "tests/test_iceberg_sink.py",  # 127
+    "tests/test_maintain.py",  # 116
+    "tests/test_session.py",  # 106
+    "tests/benchmarks/test_harness.py",  # 105
+    "tests/formats/test_plan_reuse.py",  # 101
+    "tests/test_ddl.py",  # 84
+    "tests/test_constraints.py",  # 80
+    "tests/e2e/test_routes.py",  # 78
+    "tests/e2e/test_stream.py",  # 76
+    "tests/formats/test_lambda_invariants.py",  # 76
+    "tests/e2e/test_format_replay.py",  # 74
+    "tests/devtools/test_broker.py",  # 68
+    "tests/e2e/test_property_streams.py",  # 67
+    "tests/e2e/test_qlik_metadata.py",  # 59
+    "tests/formats/test_golden.py",  # 51
 )
 
 
