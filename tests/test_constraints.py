@@ -18,6 +18,8 @@ from cdclake.constraints import columns_used, condition_on_image, violation_reas
 from cdclake.dlq import replay_dead_letters
 from cdclake.exceptions import ConstraintViolationError
 from cdclake.runner import replay
+from cdclake.sinks.delta import MergeStatement, written_rows
+from cdclake.spark import local_frame
 
 COLUMNS = [("id", "bigint"), ("v", "string"), ("n", "bigint"), ("Weird Col", "date"), ("raw", "binary")]
 
@@ -179,6 +181,33 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
     assert rows() == [(1, "a"), (3, "c"), (4, "d"), (5, "ok"), (6, "x")]
     dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").where("topic LIKE '%4-cdclake-columns%'")
     assert [r["reason"] for r in dead.collect()] == [_row_not_met("early", f"_cdc_position < '{'0' * 22}10'")]
+
+
+@pytest.mark.spark
+def test_the_rows_a_merge_would_write_are_its_updates_and_inserts_as_it_leaves_them(spark: SparkSession) -> None:
+    """``written_rows`` emulates a MERGE without writing: a matched row as its update leaves it (a column the update
+    does not set keeps its stored value), an unmatched one as inserted (NULL where the insert sets nothing); a
+    delete and a change whose update condition does not hold write no row."""
+    stored = [(1, "a", 10, "kept"), (2, "b", 20, "x"), (3, "c", 30, "y")]
+    target = local_frame(spark, stored, "id bigint, v string, n bigint, note string")
+    changes = [
+        ("k1", "U", 1, None, 11, True),  # updates row 1
+        ("k2", "D", 2, None, None, False),  # deletes row 2
+        ("k3", "U", 3, "old", 0, False),  # older than row 3: left alone
+        ("k4", "U", 4, "new", 40, False),  # inserts row 4
+    ]
+    source = local_frame(spark, changes, "key string, kind string, id bigint, v string, n bigint, newer boolean")
+    statement = MergeStatement(
+        source=source,
+        matched_on="t.id <=> s.id",
+        insert_values={"`id`": "s.id", "`v`": "s.v", "`n`": "s.n"},
+        insert_when="s.kind = 'U'",
+        delete_when="s.kind = 'D'",
+        update_when="s.kind = 'U' AND s.newer",
+        update_set={"`v`": "coalesce(s.v, t.v)", "`n`": "s.n"},  # `note` is not set: it keeps its value
+    )
+    rows = written_rows(statement, target, ["id", "v", "n", "note"], ["key"])
+    assert sorted(tuple(row) for row in rows.collect()) == [(1, "a", 11, "kept", "k1"), (4, "new", 40, None, "k4")]
 
 
 def _land(spark: SparkSession, tmp_path: Path, format_name: str, name: str, *messages: str) -> None:

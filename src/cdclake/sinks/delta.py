@@ -380,22 +380,25 @@ def written_rows(
 ) -> DataFrame:
     """The rows ``statement`` would write into the table that ``target`` reads, without writing them: per source row
     that updates or inserts one, the row's ``columns`` as the MERGE would leave them (a partial image's missing
-    columns from the stored row) and the source's ``carried`` columns. Rows the MERGE deletes or leaves alone are
+    columns, and those the update does not set, from the stored row) and the source's ``carried`` columns. Rows the MERGE deletes or leaves alone are
     not in it. Delta enforces a table's CHECK constraints on exactly these rows."""
     matched = "_cdc_check_matched"
     stored = target.withColumn(matched, F.lit(True)).alias("t")
     joined = statement.source.alias("s").join(stored, F.expr(statement.matched_on), "left")
 
-    def row(values: Mapping[str, str]) -> list[Column]:
-        # The statement names its target columns quoted (cdclake's own unquoted), as the table spells them.
+    def row(values: Mapping[str, str], unset: str) -> list[Column]:
+        # The statement names its target columns quoted (cdclake's own unquoted), as the table spells them. A column
+        # it does not set keeps its stored value in an update, and is NULL in an insert.
         named = {_unquoted(column).lower(): value for column, value in values.items()}
         kept = [F.col(f"s.{quote(name)}").alias(name) for name in carried]
-        return [F.expr(named.get(name.lower(), "NULL")).alias(name) for name in columns] + kept
+        return [F.expr(named.get(name.lower(), unset.format(quote(name)))).alias(name) for name in columns] + kept
 
     is_matched = F.col(f"t.{matched}").isNotNull()
-    updated = joined.where(is_matched & F.expr(statement.update_when or "true")).select(*row(statement.update_set))
-    inserted = joined.where(~is_matched & F.expr(statement.insert_when or "true")).select(*row(statement.insert_values))
-    return updated.unionByName(inserted)
+    updated = joined.where(is_matched & F.expr(statement.update_when or "true"))
+    inserted = joined.where(~is_matched & F.expr(statement.insert_when or "true"))
+    return updated.select(*row(statement.update_set, "t.{}")).unionByName(
+        inserted.select(*row(statement.insert_values, "NULL"))
+    )
 
 
 KEY_COLUMNS_PROPERTY: Final = "cdclake.keyColumns"
