@@ -380,8 +380,8 @@ def written_rows(
 ) -> DataFrame:
     """The rows ``statement`` would write into the table that ``target`` reads, without writing them: per source row
     that updates or inserts one, the row's ``columns`` as the MERGE would leave them (a partial image's missing
-    columns, and those the update does not set, from the stored row) and the source's ``carried`` columns. Rows the MERGE deletes or leaves alone are
-    not in it. Delta enforces a table's CHECK constraints on exactly these rows."""
+    columns, and those the update does not set, from the stored row) and the source's ``carried`` columns. Rows the
+    MERGE deletes or leaves alone are not in it. Delta enforces a table's CHECK constraints on exactly these rows."""
     matched = "_cdc_check_matched"
     stored = target.withColumn(matched, F.lit(True)).alias("t")
     joined = statement.source.alias("s").join(stored, F.expr(statement.matched_on), "left")
