@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import apply, model
@@ -196,20 +196,22 @@ def _unmet(
     this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == table_id
     good = events.where(F.col(model.ERROR).isNull() & this_table)
     label = {name: f"{name} ({condition})" for name, condition in constraints.items()}
-    counted = []
+    counted: list[tuple[str, Column]] = []
+    unchecked: list[str] = []
     for name, condition in sorted(constraints.items()):
-        reason, _ = violation_reason({name: condition}, columns, lake_table, good)
+        reason, not_checked = violation_reason({name: condition}, columns, lake_table, good)
+        unchecked += not_checked
         if reason is not None:
-            counted.append((label[name], F.count(reason)))
+            counted.append((label[name], reason))
     unmet: dict[str, int] = {}
     if counted:
-        row = good.agg(*(count.alias(f"c{i}") for i, (_, count) in enumerate(counted))).first()
+        row = good.agg(*(F.count(reason).alias(f"c{i}") for i, (_, reason) in enumerate(counted))).first()
         assert row is not None
         unmet = {name: row[f"c{i}"] for i, (name, _) in enumerate(counted) if row[f"c{i}"]}
-    any_unmet, unchecked = violation_reason(constraints, columns, lake_table, good)
     plans = [p for p in apply.plan_tables(good, pipeline.settings.keys) if p.table_id == table_id]
     if plans and (plans[0].partial_events or unchecked):
-        fits = good if any_unmet is None else good.where(any_unmet.isNull())
+        # What a run checks on the rows: the events that meet every constraint on their images.
+        fits = good.where(F.coalesce(*(reason for _, reason in counted)).isNull()) if counted else good
         refused = pipeline.refused_keys(fits, plans, {table_id: list(columns)}, {table_id: constraints})
         by_label = {label[name]: keys for (_, name), keys in refused.items()}
         if by_label:
