@@ -287,6 +287,43 @@ def test_rows_that_partial_images_write_are_checked_with_their_stored_values(
 
 
 @pytest.mark.spark
+def test_a_key_whose_row_changes_because_another_key_was_refused_is_checked_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Refusing a key takes out every event that writes it, and an update that changed its key also wrote the old
+    key: without it, the old key's row is another. The check runs again on the rows left, until nothing more is
+    refused. Before, key 1's row was checked only with the move (deleted: fine) and Delta refused the MERGE that
+    wrote it without the move, so the batch, on every restart."""
+    lake = str(tmp_path / "lake")
+    table = f"{lake}/SHOP/ORDERS"
+    _land(
+        spark,
+        tmp_path,
+        "ogg-json",
+        "1",
+        _ogg("I", 1, {"ID": 1, "A": 1, "B": 5, "N": 3}),
+        _ogg("I", 2, {"ID": 2, "A": 1, "B": 5, "N": 3}),
+    )
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT lt CHECK (A < B)")
+    moved = json.loads(_ogg("U", 5, {"ID": 6, "A": 1}))  # key 1 -> 6; no stored row at 6: B and N are NULL
+    moved["before"] = {"ID": 1}
+    _land(
+        spark,
+        tmp_path,
+        "ogg-json",
+        "2",
+        _ogg("U", 4, {"ID": 1, "A": 7}),  # 7 < the stored B 5 does not hold, unless the key moves away next
+        json.dumps(moved),
+        _ogg("U", 6, {"ID": 2, "A": 2}),  # 2 < 5: lands
+    )
+    rows = spark.read.format("delta").load(table).select("ID", "A", "B", "N").orderBy("ID").collect()
+    assert [tuple(r) for r in rows] == [(1, 1, 5, 3), (2, 2, 5, 3)]
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").orderBy("offset").collect()
+    lt = _row_not_met("lt", "A < B", "SHOP/ORDERS")
+    assert [(r["offset"], r["reason"]) for r in dead] == [(0, lt), (1, lt)]
+
+
+@pytest.mark.spark
 def test_a_condition_that_cannot_be_checked_before_the_merge_stops_the_batch_with_one_clear_error(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -999,7 +999,42 @@ class Pipeline:
 
         For the tables whose events the per-event check cannot settle: a partial image writes the stored values of
         the columns it lacks (``CHECK (a < b)`` and an update of ``a`` alone), and a condition may read what an image
-        does not hold (cdclake's own columns). It costs a fold and a join with the table's rows, for these only."""
+        does not hold (cdclake's own columns). It costs a fold and a join with the table's rows, for these only.
+
+        Refusing a key takes out every event that writes it, and an update that changed its key also wrote its old
+        key, whose row is then another: while such an update is refused, the rows are checked again without the
+        refused events (each round refuses new keys only, so this ends)."""
+        refused: dict[tuple[str, str], list[str]] = {}
+        remaining = good
+        while True:
+            found = self._keys_not_meeting_constraints(remaining, plans, table_columns, constraints)
+            if not found:
+                return refused
+            for label, keys in found.items():
+                refused.setdefault(label, []).extend(keys)
+            every_key = [key for keys in refused.values() for key in keys]
+            taken = self.refused_event_reason(remaining, {"refused": every_key}).isNotNull()
+            if not remaining.where(taken & self._changes_its_key(remaining)).take(1):
+                return refused
+            remaining = remaining.where(~taken)
+
+    def _changes_its_key(self, events: DataFrame) -> Column:
+        """Whether an update moved its row to another key (so it wrote two keys)."""
+        keys = apply.effective_keys(events, self.settings.keys)
+        before, after = F.col(model.BEFORE), F.col(model.AFTER)
+        return F.coalesce(
+            before.isNotNull() & after.isNotNull() & (apply.key_of(before, keys) != apply.key_of(after, keys)),
+            F.lit(False),
+        )
+
+    def _keys_not_meeting_constraints(
+        self,
+        good: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        constraints: Mapping[str, dict[str, str]],
+    ) -> dict[tuple[str, str], list[str]]:
+        """One round of :meth:`refused_keys`: the keys whose rows, written from ``good``, would not meet one."""
         ids = [plan.table_id for plan in plans]
         this_batch = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
         changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
