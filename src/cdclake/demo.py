@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
@@ -32,8 +33,9 @@ PORT = 19092
 EVENTS = 2000
 MAX_OFFSETS_PER_TRIGGER = 800
 
-# Not on a terminal (CI logs, pipes) rich assumes 80 columns; the tables need more.
-console = Console(width=None if Console().is_terminal else 160)
+# Not on a terminal (CI logs, pipes) rich assumes 80 columns; the tables need more. No markup or emoji codes: the
+# lines hold table names, values and dead-letter reasons, whose brackets rich would read as style tags.
+console = Console(width=None if Console().is_terminal else 160, markup=False, emoji=False)
 
 
 def _produce(bootstrap: str, topic: str, events: int) -> tuple[SourceHistory, int]:
@@ -68,7 +70,7 @@ def _show_tables(spark, lake: str, history: SourceHistory) -> None:  # type: ign
         console.print(table)
     dead = sink.read_system("dead_letters")
     if dead is not None:
-        console.print("[bold]dead letters[/]")
+        console.print("dead letters", style="bold")
         for row in dead.select("topic", "partition", "offset", "reason").collect():
             console.print(f"  {row['topic']}[{row['partition']}]@{row['offset']}: {row['reason']}")
     progress = sink.read_system("progress")
@@ -81,7 +83,7 @@ def _show_tables(spark, lake: str, history: SourceHistory) -> None:  # type: ign
             .orderBy("scope", "database", "table", "topic", "partition")
             .collect()
         )
-        console.print("[bold]freshness (source event time reached, heartbeats included)[/]")
+        console.print("freshness (source event time reached, heartbeats included)", style="bold")
         for row in fresh:
             where = (
                 f"{row['database']}.{row['table']}"
@@ -157,8 +159,8 @@ def main() -> int:
     console.print(f"kafka broker at {info.bootstrap_servers} (log {info.log_file})")
     try:
         passed = run_demo(info.bootstrap_servers, DEMO_DIR)
-        verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
-        console.print(f"{verdict} in {time.monotonic() - started:.0f} s")
+        verdict = ("PASS", "bold green") if passed else ("FAIL", "bold red")
+        console.print(Text.assemble(verdict, f" in {time.monotonic() - started:.0f} s"))
         return 0 if passed else 1
     finally:
         with console.status("stopping the broker..."):

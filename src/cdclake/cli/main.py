@@ -7,6 +7,7 @@ stderr; 2 bad command-line usage.
 from __future__ import annotations
 
 import base64
+import inspect
 import logging
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from cdclake.exceptions import CdclakeError, ConfigError, InputError
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes, check_pattern, check_target
@@ -39,8 +41,11 @@ PIPED_WIDTH = 1_000
 
 def _console(*, stderr: bool = False) -> Console:
     """A terminal wraps to its width; piped or redirected output (scripts, CI logs) gets one table row per line,
-    never cut at rich's default of 80 columns. ``COLUMNS`` still wins when set."""
-    console = Console(stderr=stderr)
+    never cut at rich's default of 80 columns. ``COLUMNS`` still wins when set.
+
+    No markup or emoji codes: what is printed holds text from messages, configurations and errors (table and column
+    names, patterns such as ``cdc.[a-z]*``, raw values), which rich would otherwise read as style tags and drop."""
+    console = Console(stderr=stderr, markup=False, emoji=False)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPED_WIDTH
     return console
@@ -379,7 +384,7 @@ def run(
     from cdclake.runner import run as run_stream
 
     cfg = load_config(config)
-    err.print(f"[bold]{cfg.name}[/]: kafka {cfg.kafka.redacted_options()} -> {cfg.lake}")
+    err.print(Text.assemble((cfg.name, "bold"), f": kafka {cfg.kafka.redacted_options()} -> {cfg.lake}"))
     spark = _session(cfg.spark)
 
     def report(result: object) -> None:
@@ -408,7 +413,7 @@ def check(
     from cdclake.config import load_config
 
     cfg = load_config(config)
-    err.print(f"[bold]{cfg.name}[/]: kafka {cfg.kafka.redacted_options()} -> {cfg.lake}")
+    err.print(Text.assemble((cfg.name, "bold"), f": kafka {cfg.kafka.redacted_options()} -> {cfg.lake}"))
     with out.status("reading and decoding..."):
         report = check_pipeline(_session(cfg.spark), cfg, messages=messages)
     start = "where the checkpoint goes on" if report.started_from == "checkpoint" else "the earliest offsets"
@@ -751,13 +756,26 @@ def _print_summary(  # type: ignore[no-untyped-def]
     out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters{left_out}")
 
 
+def _one_line_summaries(*apps: typer.Typer) -> None:
+    """Each command's line in its group's list is its docstring's first paragraph on one line: typer's rich help
+    keeps the docstring's own line breaks there, which cut the list's text mid-sentence."""
+    for group in apps:
+        for command in group.registered_commands:
+            if command.short_help is None and command.callback is not None:
+                first_paragraph = (inspect.getdoc(command.callback) or "").split("\n\n")[0]
+                command.short_help = " ".join(first_paragraph.split()) or None
+
+
+_one_line_summaries(app, dlq_app)
+
+
 def main() -> None:
     """Console entry point: usage errors exit 2 (typer), cdclake errors exit 1 with a one-line message."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except CdclakeError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(Text.assemble(("error:", "red"), f" {exc}"))
         sys.exit(1)
 
 
