@@ -51,3 +51,20 @@ def test_each_command_is_listed_with_its_whole_summary_on_one_line() -> None:
         and line.rstrip(" │").endswith("most once.")
         for line in replay.splitlines()
     )
+
+
+def test_replay_refuses_an_option_its_format_does_not_read_before_starting_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / "messages.jsonl"
+    capture.write_text("{}\n", encoding="utf-8")
+    argv = ["cdclake", "replay", str(capture), "--format", "canal-json", "--lake", str(tmp_path / "lake")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--option", "source_timezon=+08:00"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 1
+    assert " ".join(capsys.readouterr().err.split()) == (
+        "error: config error at '--option': canal-json has no option source_timezon. Fix: remove it, or use one of "
+        "its options: source_timezone (`cdclake formats` says what each does)"
+    )
+    assert not (tmp_path / "lake").exists()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+import yaml
 
 from cdclake.config import load_config, parse_config
 from cdclake.exceptions import ConfigError
@@ -95,6 +99,14 @@ def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
         (_with(history={"scd2": ["shop..orders"]}), "history.scd2", "names or patterns"),
         (_with(history={"changelog": [" crm.customer"]}), "history.changelog", "names or patterns"),
         (_with(history={"scd2": "crm.customer"}), "history.scd2", "`true` for every table"),
+        # A misspelt option was ignored: the source's wall-clock times were read as UTC.
+        (
+            _with(format="canal-json", format_options={"canal-json": {"source_timezon": "+08:00"}}),
+            "format_options.canal-json",
+            "remove it, or use one of its options: source_timezone",
+        ),
+        (_with(format_options={"dataworks-json": {"zone": "UTC"}}), "format_options.dataworks-json", "no options"),
+        (_with(format_options={"dts-canal-jsn": {}}), "format_options.dts-canal-jsn", "`cdclake formats`"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:
@@ -127,3 +139,32 @@ def test_unreadable_and_invalid_yaml_files(tmp_path) -> None:
     scalar.write_text("just text")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(scalar)
+
+
+def test_the_readme_examples_are_valid_configurations() -> None:
+    """The README's pipeline example, and its history fragment added to it, load as they are documented."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    pipeline, history = (yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, re.S))
+    config = parse_config(pipeline)
+    assert (config.name, config.kafka.fail_on_data_loss) == ("orders-cdc", True)
+    assert config.format_options == {"dts-canal-json": {"legacy_old_data_swap": "true"}}
+    assert config.kafka.spark_options()["failOnDataLoss"] == "true"
+    with_history = parse_config({**pipeline, **history})
+    assert with_history.history.changelog is True
+
+
+def test_format_options_take_the_names_and_aliases_each_format_reads() -> None:
+    options = {"source_timezone": "Asia/Shanghai", "legacy_swap": "true"}  # legacy_swap: legacy_old_data_swap's alias
+    config = parse_config(_with(format="dts-canal-json", format_options={"dts-canal-json": options}))
+    assert config.format_options == {"dts-canal-json": options}
+
+
+def test_settings_made_in_code_refuse_an_option_their_format_does_not_read() -> None:
+    """`replay`, `dlq replay` and library users build settings without a configuration file: the same check."""
+    from cdclake.pipeline import PipelineSettings
+
+    with pytest.raises(ConfigError) as info:
+        PipelineSettings(lake="/l", app_id="a", format_options={"ogg-json": {"insert_op": "A"}})
+    assert info.value.key == "format_options.ogg-json"
+    assert "ogg-json has no option insert_op" in str(info.value)
+    assert "insert_op_key" in info.value.fix

@@ -372,7 +372,7 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     if not isinstance(data, dict):
         raise ConfigError("<root>", f"{source} must be a YAML mapping", "start from the example in the README")
     try:
-        return PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         location = ".".join(str(part) for part in error["loc"]) or "<root>"
@@ -391,6 +391,10 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
         if "topics" in problem and location == "kafka":
             location, fix = "kafka.topics", FIXES["kafka.topics"]
         raise ConfigError(location, problem, fix) from None
+    from cdclake.formats import check_options
+
+    check_options(config.format_options)
+    return config
 
 
 def load_config(path: str | Path) -> PipelineConfig:

@@ -52,7 +52,7 @@ from cdclake.evolve import (
     schema_events,
     shares_nothing,
 )
-from cdclake.formats import decode_batch, decode_batch_with_metadata, get_format
+from cdclake.formats import check_options, decode_batch, decode_batch_with_metadata, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
     METADATA_SCHEMA,
@@ -194,6 +194,9 @@ class PipelineSettings:
     deletion_vectors: DeletionVectors = "auto"
     table_format: TableFormat = "delta"
     iceberg_catalog: str | None = None
+
+    def __post_init__(self) -> None:
+        check_options(self.format_options)
 
 
 @dataclass

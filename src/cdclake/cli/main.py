@@ -261,7 +261,7 @@ def replay(
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     if input_encoding not in ("lines", "b64"):
         raise InputError(f"--input-encoding must be 'lines' or 'b64', not {input_encoding!r}")
-    from cdclake.formats import get_format
+    from cdclake.formats import check_options, get_format
     from cdclake.pipeline import BatchResult
     from cdclake.runner import replay as run_replay
     from cdclake.runner import replay_files, replay_settings
@@ -307,6 +307,7 @@ def replay(
 
         format_name = detect_format(sample_lines(files, input_encoding))
         err.print(f"--format auto: detected {format_name}")
+    check_options({format_name: format_options}, key="--option")
     with out.status("replaying...") as status:
 
         def progress(result: BatchResult) -> None:

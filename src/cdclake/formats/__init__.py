@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 
-from cdclake.exceptions import UnknownFormatError
+from cdclake.exceptions import ConfigError, UnknownFormatError
 from cdclake.formats.base import CdcFormat, decode_batch, decode_batch_with_metadata
 
-__all__ = ["CdcFormat", "decode_batch", "decode_batch_with_metadata", "get_format", "list_formats", "register"]
+__all__ = [
+    "CdcFormat",
+    "check_options",
+    "decode_batch",
+    "decode_batch_with_metadata",
+    "get_format",
+    "list_formats",
+    "register",
+]
 
 _SHARED_MODULES = frozenset({"base"})
 _REGISTRY: dict[str, CdcFormat] = {}
@@ -55,3 +64,25 @@ def list_formats() -> list[CdcFormat]:
     """Every registered format, sorted by name."""
     _load_all()
     return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+
+
+def check_options(format_options: Mapping[str, Iterable[str]], key: str | None = None) -> None:
+    """Refuses a format that is not registered, and an option its format does not read (format name -> option
+    names): a misspelt option would otherwise be ignored, and its messages decoded without it (times in UTC instead
+    of the source's zone, DTS's swapped images taken as they come). ``key`` names where the options were given
+    (default: the configuration's ``format_options.<format>``)."""
+    for name, options in format_options.items():
+        where = key or f"format_options.{name}"
+        try:
+            fmt = get_format(name)
+        except UnknownFormatError as exc:
+            raise ConfigError(where, str(exc), "name formats listed by `cdclake formats`") from None
+        unknown = sorted(set(options) - set(fmt.options) - set(fmt.option_aliases))
+        if unknown:
+            fix = (
+                f"remove it, or use one of its options: {', '.join(sorted(fmt.options))} (`cdclake formats` says what "
+                "each does)"
+                if fmt.options
+                else "remove it: the format has no options"
+            )
+            raise ConfigError(where, f"{name} has no option {', '.join(unknown)}", fix)

@@ -153,6 +153,7 @@ class CdcFormat:
         encoding: ``json`` or ``binary`` (how ``replay`` reads capture files by default).
         operations: vendor operation -> canonical op, for documentation and ``cdclake formats``.
         options: option name -> what it does.
+        option_aliases: other names the format reads for an option (alias -> option name).
         sniff: decides from one parsed JSON message whether it is in this format (``--format auto``); None when
             the format cannot be told apart from others.
         examples: file names in ``shared/formats/examples`` whose messages are in this format (tests decode them).
@@ -168,6 +169,7 @@ class CdcFormat:
     encoding: str = "json"
     operations: Mapping[str, Op] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
+    option_aliases: Mapping[str, str] = field(default_factory=dict)
     sniff: Callable[[Any], bool] | None = None
     examples: tuple[str, ...] = ()
     metadata: MetadataSupport | None = None

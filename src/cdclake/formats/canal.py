@@ -604,6 +604,7 @@ def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) ->
             decode=make_decoder(dialect),
             operations=dialect.operations,
             options=options,
+            option_aliases={alias: dialect.swap_option for alias in dialect.swap_aliases if dialect.swap_option},
             sniff=None,
             examples=examples,
         )
