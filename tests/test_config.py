@@ -107,6 +107,13 @@ def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
         ),
         (_with(format_options={"dataworks-json": {"zone": "UTC"}}), "format_options.dataworks-json", "no options"),
         (_with(format_options={"dts-canal-jsn": {}}), "format_options.dts-canal-jsn", "`cdclake formats`"),
+        # A topic without a format was read and never applied; a misspelt topic left its own without one.
+        (
+            _with(format=None, kafka_topics=["t", "u"], topic_formats={"t": "dataworks-json"}),
+            "topic_formats",
+            "or set `format:` for the topics not listed",
+        ),
+        (_with(topic_formats={"tt": "canal-json"}), "topic_formats", "add it to kafka.topics"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:

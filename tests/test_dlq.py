@@ -223,6 +223,38 @@ def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spa
     assert list_dead_letters(spark, lake).matched == 0
 
 
+def test_a_topic_no_format_is_set_for_becomes_dead_letters_replayed_with_a_format(spark, lake) -> None:
+    """A topic pattern can subscribe to a topic that `topic_formats` does not name. Its messages were read and
+    never decoded: gone, with the offsets committed. They are dead letters, which record no format."""
+    from cdclake.pipeline import Pipeline
+
+    rows = [
+        (None, stock("INSERT", 1, None, {"code": "a", "qty": "1"}, "LONG", table).encode(), topic, 0, 0, None)
+        for topic, table in (("dw.inv", "stock"), ("dw.new", "bin"))
+    ]
+    batch = spark.createDataFrame(
+        rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+    )
+    settings = PipelineSettings(
+        lake=lake, app_id="by-topic", topic_formats={"dw.inv": "dataworks-json"}, keys={"inv.*": ["code"]}
+    )
+    result = Pipeline(spark, settings).process_batch(batch, 0)
+
+    assert (result.dead_letters, stock_rows(lake)) == (1, [("a", "1")])
+    listed = list_dead_letters(spark, lake).dead_letters
+    assert [(d.topic, d.format, d.reason) for d in listed] == [
+        (
+            "dw.new",
+            None,
+            "no format is set for this topic: add it to topic_formats (or set format), then replay these dead "
+            "letters with `cdclake dlq replay --topic TOPIC --format NAME`",
+        )
+    ]
+    report = replay_dead_letters(spark, lake, format_name="dataworks-json", keys={"inv.*": ["code"]})
+    assert (report.selected, report.applied) == (1, 1)
+    assert [(row["code"], row["qty"]) for row in read_table(f"{lake}/inv/bin")] == [("a", 1)]
+
+
 def test_crash_between_applying_and_recording_re_applies_harmlessly(
     spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

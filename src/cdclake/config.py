@@ -334,6 +334,11 @@ class PipelineConfig(_Strict):
 
         if self.format is None and not self.topic_formats:
             raise ValueError("no format: set `format` (all topics) or `topic_formats`")
+        topics = self.kafka.topics or []
+        if topics and (unknown := sorted(set(self.topic_formats) - set(topics))):
+            raise ValueError(f"topic_formats names topics that are not in kafka.topics: {', '.join(unknown)}")
+        if topics and (unread := [t for t in topics if self.format is None and t not in self.topic_formats]):
+            raise ValueError(f"topics without a format: {', '.join(unread)}")
         for name in [self.format, *self.topic_formats.values()]:
             if name is not None:
                 try:
@@ -362,6 +367,12 @@ def _fix_for(location: str) -> str:
 
 _CROSS_KEY_PROBLEMS: dict[str, tuple[str, str]] = {
     "iceberg_catalog is only used": ("iceberg_catalog", "remove it, or set `table_format: iceberg`"),
+    # Without a format, a topic's messages would be read and never applied.
+    "topics without a format": (
+        "topic_formats",
+        "map each of them to a name listed by `cdclake formats`, or set `format:` for the topics not listed",
+    ),
+    "not in kafka.topics": ("topic_formats", "correct the topic's name, or add it to kafka.topics"),
 }
 """Problems of a combination of keys (pydantic reports a model validator's error at the root): a phrase of the
 problem -> the key to name and its fix."""

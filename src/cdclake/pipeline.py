@@ -58,6 +58,7 @@ from cdclake.formats.base import (
     METADATA_SCHEMA,
     TableMetadata,
     collect_metadata,
+    not_decoded,
     unique_metadata,
 )
 from cdclake.model import Op
@@ -334,9 +335,17 @@ class Pipeline:
         for name, topics in sorted(by_format.items()):
             subset = messages.where(F.col("topic").isin(*topics))
             parts.append(self._decode_format(name, subset, txn, store))
+        rest = messages.where(~F.col("topic").isin(*listed)) if listed else messages
         if settings.default_format is not None:
-            rest = messages.where(~F.col("topic").isin(*listed)) if listed else messages
             parts.append(self._decode_format(settings.default_format, rest, txn, store))
+        elif listed:
+            # A topic that a pattern subscribes to but `topic_formats` does not name: its messages are read, so
+            # they must not vanish.
+            reason = (
+                "no format is set for this topic: add it to topic_formats (or set format), then replay these dead "
+                "letters with `cdclake dlq replay --topic TOPIC --format NAME`"
+            )
+            parts.append(not_decoded(rest, reason))
         if not parts:
             raise ValueError("no format configured")
         return reduce(DataFrame.unionByName, parts)

@@ -478,6 +478,12 @@ def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
     return projected.select(*final).select(*model.CANONICAL_COLUMNS)
 
 
+def not_decoded(messages: DataFrame, reason: str) -> DataFrame:
+    """Messages no format is set for, as canonical events that are dead letters for ``reason``; they record no
+    format (``dlq replay --format NAME`` reads them)."""
+    return finish(messages, "", F.lit(reason)).withColumn(model.FORMAT, F.lit(None).cast("string"))
+
+
 _RENAMED_FROM_MESSAGE: Final = {
     model.TOPIC: "topic",
     model.PARTITION: "partition",
