@@ -72,7 +72,7 @@ from cdclake.spark import (
     release_stored_inputs,
     session_settings,
 )
-from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
+from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, TableRoutes, is_pattern
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +315,8 @@ class Pipeline:
         self._batch_frames: list[DataFrame] = []
         # The source tables that wrote rows to the lake, (database, schema, table): loaded by _shared_with when needed.
         self._landed: set[tuple[str | None, str | None, str]] | None = None
+        # (sequence_by pattern, table) pairs already warned of: the table has no such column (_sequence_by_problem).
+        self._unsequenced_warned: set[tuple[str, str]] = set()
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -941,6 +943,10 @@ class Pipeline:
                 rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
                 reason = F.when(rows, message) if reason is None else reason.when(rows, message)
                 continue
+            if unordered := self._sequence_by_problem(plan, table_columns[plan.table_id]):
+                rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+                reason = F.when(rows, unordered) if reason is None else reason.when(rows, unordered)
+                continue
             differing = [
                 (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
                 for key, types in sorted(plan.declared_types.items())
@@ -967,6 +973,25 @@ class Pipeline:
                     unmet.append(F.when(this_table, not_met))
         reasons = [r for r in (reason, *unmet) if r is not None]
         return (F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)), unchecked_tables
+
+    def _sequence_by_problem(self, plan: apply.TablePlan, columns: Sequence[tuple[str, str]]) -> str | None:
+        """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None. Only for a column named
+        for the table itself (not through a pattern): the table has no such column (names are case-sensitive), so
+        every change would sort as NULL, by the format's position instead, and nothing would say so. A pattern may
+        match tables without the column; those keep the format's order, with a warning."""
+        entry = PerTable.of(self.settings.sequence_by).entry_for(plan.database, plan.schema, plan.table)
+        if entry is None or entry[1] in {name for name, _ in columns}:
+            return None
+        setting, column = entry
+        table = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
+        same = [name for name, _ in columns if name.lower() == column.lower()]
+        hint = f" (it has {same[0]}: names are case-sensitive)" if same else ""
+        if is_pattern(setting):
+            if (setting, table) not in self._unsequenced_warned:
+                self._unsequenced_warned.add((setting, table))
+                log.warning("sequence_by %s: %s has no column %s%s; keeping its position", setting, table, column, hint)
+            return None
+        return f"sequence_by column {column} is not a column of {table}{hint}: fix the `sequence_by` setting"
 
     def _refuse_rows_not_meeting_constraints(
         self,

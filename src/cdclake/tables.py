@@ -151,10 +151,15 @@ class PerTable(Generic[Value]):
 
     def value_for(self, database: str | None, schema: str | None, table: str) -> Value | None:
         """The table's value (see the class doc), or None when no entry matches."""
+        entry = self.entry_for(database, schema, table)
+        return None if entry is None else entry[1]
+
+    def entry_for(self, database: str | None, schema: str | None, table: str) -> tuple[str, Value] | None:
+        """The entry (name or pattern, value) that gives the table its value, or None when no entry matches."""
         names = table_names(database, schema, table)
-        for pattern, value in self._matchers:
+        for (pattern, _value), entry in zip(self._matchers, self.ranked, strict=True):
             if _matches([pattern], names):
-                return value
+                return entry
         return None
 
 
