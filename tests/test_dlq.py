@@ -223,6 +223,23 @@ def test_wrong_format_then_right_options_new_reason_listed_once_then_applied(spa
     assert list_dead_letters(spark, lake).matched == 0
 
 
+def test_key_columns_the_messages_do_not_carry_make_dead_letters_not_one_row(spark, lake, tmp_path: Path) -> None:
+    """An image holds its columns by their exact names: keys named in another case read NULL in every row, and the
+    table's rows all became one row (the last). They are dead letters that name the columns the table has."""
+    lines = [stock("INSERT", seq, None, {"code": code, "qty": str(seq)}, "LONG") for seq, code in ((1, "a"), (2, "b"))]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    results = replay(
+        spark, lake=lake, format_name="dataworks-json", paths=[str(tmp_path / "m.jsonl")], keys={"inv.stock": ["CODE"]}
+    )
+    assert sum(r.dead_letters for r in results) == 2
+    assert {d.reason for d in list_dead_letters(spark, lake).dead_letters} == {
+        "key columns ['CODE'] of inv.stock are not columns of its messages (it has code: names are case-sensitive): "
+        "fix the `keys` setting"
+    }
+    report = replay_dead_letters(spark, lake, keys={"inv.stock": ["code"]})
+    assert (report.applied, stock_rows(lake)) == (2, [("a", "1"), ("b", "2")])
+
+
 def test_a_topic_no_format_is_set_for_becomes_dead_letters_replayed_with_a_format(spark, lake) -> None:
     """A topic pattern can subscribe to a topic that `topic_formats` does not name. Its messages were read and
     never decoded: gone, with the offsets committed. They are dead letters, which record no format."""

@@ -933,12 +933,18 @@ class Pipeline:
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
-            unknown_keys = [k for k in plan.key_columns if k.lower() not in stored]
+            # Exact names: an image holds its columns by their exact names, so a key named in another case would
+            # read NULL in every row, and all of the table's rows would become one.
+            exact = {name for name, _ in table_columns[plan.table_id]}
+            unknown_keys = [k for k in plan.key_columns if k not in exact]
             if unknown_keys:
                 # A `keys` setting naming columns the messages never carry: no row could be identified.
                 name = ".".join(p for p in (plan.database, plan.table) if p)
+                cased = [stored[k.lower()][0] for k in unknown_keys if k.lower() in stored]
+                hint = f" (it has {', '.join(cased)}: names are case-sensitive)" if cased else ""
                 message = F.lit(
-                    f"key columns {unknown_keys} of {name} are not columns of its messages: fix the `keys` setting"
+                    f"key columns {unknown_keys} of {name} are not columns of its messages{hint}: fix the `keys` "
+                    "setting"
                 )
                 rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
                 reason = F.when(rows, message) if reason is None else reason.when(rows, message)
