@@ -73,4 +73,4 @@ def test_a_column_named_for_a_table_that_it_does_not_have_makes_dead_letters_a_p
     }
     assert read_table(f"{lake}/crm/u") == [{"id": 1, "version": 9, "v": "last"}]
     warned = [r.getMessage() for r in caplog.records if "sequence_by" in r.getMessage()]
-    assert warned == ["sequence_by crm.*: crm.u has no column updated_at; keeping its position"]
+    assert warned == ["sequence_by pattern crm.*: crm.u has no column updated_at; keeping its position"]

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
-from cdclake.pipeline import Pipeline
+from cdclake.pipeline import BY_PATTERN, Pipeline, sequence_by_problem, unknown_keys_problem
 from cdclake.runner import committed_offsets, settings_from_config
 from cdclake.sources import kafka
 from cdclake.tables import PerTable
@@ -45,6 +45,10 @@ class TableFinding:
         new_columns: columns the messages carry that the existing lake table lacks (they would be added).
         unmet_constraints: CHECK constraints of the existing lake table (``name (condition)``) -> sampled events
             whose row would not meet it (they would be dead letters; :mod:`cdclake.constraints`).
+        setting_problem: why the table's row events would be dead letters because of a per-table setting (``keys``
+            naming columns it does not have, a ``sequence_by`` column it does not have), or None.
+        setting_warning: what a run would log about the table's settings (a ``sequence_by`` pattern whose column
+            the table does not have: it keeps the format's order), or None.
     """
 
     name: str
@@ -56,6 +60,15 @@ class TableFinding:
     key_source: str
     new_columns: list[str]
     unmet_constraints: dict[str, int] = field(default_factory=dict)
+    setting_problem: str | None = None
+    setting_warning: str | None = None
+
+    @property
+    def refused_by_setting(self) -> int:
+        """Sampled row events that ``setting_problem`` would make dead letters."""
+        if self.setting_problem is None:
+            return 0
+        return sum(count for op, count in self.events.items() if op in {o.value for o in model.ROW_OPS})
 
 
 @dataclass(frozen=True)
@@ -88,10 +101,15 @@ class CheckReport:
         return sum(sum(table.unmet_constraints.values()) for table in self.tables)
 
     @property
+    def refused_by_settings(self) -> int:
+        """Sampled row events that a per-table setting would make dead letters (``TableFinding.setting_problem``)."""
+        return sum(table.refused_by_setting for table in self.tables)
+
+    @property
     def ok(self) -> bool:
-        """No sampled message would be a dead letter: each decodes, and each row meets its lake table's CHECK
-        constraints (an empty sample is no failure)."""
-        return self.failed == 0 and self.unmet == 0
+        """No sampled message would be a dead letter: each decodes, its table's settings fit it, and each row meets
+        its lake table's CHECK constraints (an empty sample is no failure)."""
+        return self.failed == 0 and self.unmet == 0 and self.refused_by_settings == 0
 
 
 def check_pipeline(
@@ -161,6 +179,14 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         keys, key_source = _keys(configured.value_for(*ident), row["keys"])
         known = {name.lower() for name, _ in stored or []}
         new_columns = [c for c in row["columns"] or [] if stored is not None and c.lower() not in known]
+        # The columns the run would find: the lake table's and the ones the messages add (cdclake.pipeline checks
+        # the settings against those).
+        columns = [name for name, _ in stored or []] + (new_columns if stored is not None else row["columns"] or [])
+        problem = (
+            (unknown_keys_problem(ident, keys, columns) or sequence_by_problem(settings.sequence_by, ident, columns))
+            if lands == "yes"
+            else None
+        )
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),
@@ -174,6 +200,9 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 unmet_constraints=(
                     {} if stored is None or lake_table is None else _unmet(pipeline, events, ident, stored, lake_table)
                 ),
+                # A pattern's sequence_by column that the table lacks is only a warning (the format's order).
+                setting_problem=None if problem is None or problem.startswith(BY_PATTERN) else problem,
+                setting_warning=problem if problem is not None and problem.startswith(BY_PATTERN) else None,
             )
         )
     return findings

@@ -315,8 +315,8 @@ class Pipeline:
         self._batch_frames: list[DataFrame] = []
         # The source tables that wrote rows to the lake, (database, schema, table): loaded by _shared_with when needed.
         self._landed: set[tuple[str | None, str | None, str]] | None = None
-        # (sequence_by pattern, table) pairs already warned of: the table has no such column (_sequence_by_problem).
-        self._unsequenced_warned: set[tuple[str, str]] = set()
+        # Tables a sequence_by pattern gives a column they do not have, already warned of (_sequence_by_problem).
+        self._unsequenced_warned: set[str] = set()
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -933,25 +933,13 @@ class Pipeline:
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
-            # Exact names: an image holds its columns by their exact names, so a key named in another case would
-            # read NULL in every row, and all of the table's rows would become one.
-            exact = {name for name, _ in table_columns[plan.table_id]}
-            unknown_keys = [k for k in plan.key_columns if k not in exact]
-            if unknown_keys:
-                # A `keys` setting naming columns the messages never carry: no row could be identified.
-                name = ".".join(p for p in (plan.database, plan.table) if p)
-                cased = [stored[k.lower()][0] for k in unknown_keys if k.lower() in stored]
-                hint = f" (it has {', '.join(cased)}: names are case-sensitive)" if cased else ""
-                message = F.lit(
-                    f"key columns {unknown_keys} of {name} are not columns of its messages{hint}: fix the `keys` "
-                    "setting"
-                )
+            names = [name for name, _ in table_columns[plan.table_id]]
+            ident = (plan.database, plan.schema, plan.table)
+            if problem := unknown_keys_problem(ident, plan.key_columns, names) or self._sequence_by_problem(
+                ident, names
+            ):
                 rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
-                reason = F.when(rows, message) if reason is None else reason.when(rows, message)
-                continue
-            if unordered := self._sequence_by_problem(plan, table_columns[plan.table_id]):
-                rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
-                reason = F.when(rows, unordered) if reason is None else reason.when(rows, unordered)
+                reason = F.when(rows, problem) if reason is None else reason.when(rows, problem)
                 continue
             differing = [
                 (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
@@ -980,24 +968,15 @@ class Pipeline:
         reasons = [r for r in (reason, *unmet) if r is not None]
         return (F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)), unchecked_tables
 
-    def _sequence_by_problem(self, plan: apply.TablePlan, columns: Sequence[tuple[str, str]]) -> str | None:
-        """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None. Only for a column named
-        for the table itself (not through a pattern): the table has no such column (names are case-sensitive), so
-        every change would sort as NULL, by the format's position instead, and nothing would say so. A pattern may
-        match tables without the column; those keep the format's order, with a warning."""
-        entry = PerTable.of(self.settings.sequence_by).entry_for(plan.database, plan.schema, plan.table)
-        if entry is None or entry[1] in {name for name, _ in columns}:
-            return None
-        setting, column = entry
-        table = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
-        same = [name for name, _ in columns if name.lower() == column.lower()]
-        hint = f" (it has {same[0]}: names are case-sensitive)" if same else ""
-        if is_pattern(setting):
-            if (setting, table) not in self._unsequenced_warned:
-                self._unsequenced_warned.add((setting, table))
-                log.warning("sequence_by %s: %s has no column %s%s; keeping its position", setting, table, column, hint)
-            return None
-        return f"sequence_by column {column} is not a column of {table}{hint}: fix the `sequence_by` setting"
+    def _sequence_by_problem(self, ident: tuple[str | None, str | None, str], columns: Sequence[str]) -> str | None:
+        """:func:`sequence_by_problem` of the table; a pattern's table without the column is logged, once."""
+        problem = sequence_by_problem(self.settings.sequence_by, ident, columns)
+        if problem is None or not problem.startswith(BY_PATTERN):
+            return problem
+        if problem not in self._unsequenced_warned:
+            self._unsequenced_warned.add(problem)
+            log.warning(problem)
+        return None
 
     def _refuse_rows_not_meeting_constraints(
         self,
@@ -1467,6 +1446,50 @@ _PROGRESS_ROLLUP = (
 
 _KEY_SEP: Final = "\x1e"
 """Between a table id and a row key, in the keys whose rows do not meet a CHECK constraint."""
+
+
+def _case_hint(names: Sequence[str], columns: Sequence[str]) -> str:
+    same = [c for name in names for c in columns if c.lower() == name.lower()]
+    return f" (it has {', '.join(same)}: names are case-sensitive)" if same else ""
+
+
+def _table_name(ident: tuple[str | None, str | None, str]) -> str:
+    return ".".join(part for part in ident if part)
+
+
+def unknown_keys_problem(
+    ident: tuple[str | None, str | None, str], keys: Sequence[str], columns: Sequence[str]
+) -> str | None:
+    """Why the table's rows cannot be identified by ``keys`` (the configured key columns, or the messages' own),
+    or None: some are not among its ``columns``. Exact names: an image holds its columns by their exact names, so a
+    key named in another case would read NULL in every row, and all of the table's rows would become one."""
+    unknown = [key for key in keys if key not in columns]
+    if not unknown:
+        return None
+    return (
+        f"key columns {unknown} of {_table_name(ident)} are not columns of its messages"
+        f"{_case_hint(unknown, columns)}: fix the `keys` setting"
+    )
+
+
+BY_PATTERN: Final = "sequence_by pattern "
+
+
+def sequence_by_problem(
+    sequence_by: Mapping[str, str], ident: tuple[str | None, str | None, str], columns: Sequence[str]
+) -> str | None:
+    """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None: the table has no such
+    column among ``columns`` (names are case-sensitive), so every change would sort as NULL, by the format's position
+    instead, and nothing would say so. When a pattern gave the column (it may match tables without it), the text
+    starts with ``sequence_by pattern``: the table keeps the format's order, and that is only worth a warning."""
+    entry = PerTable.of(sequence_by).entry_for(*ident)
+    if entry is None or entry[1] in columns:
+        return None
+    setting, column = entry
+    hint = _case_hint([column], columns)
+    if is_pattern(setting):
+        return f"{BY_PATTERN}{setting}: {_table_name(ident)} has no column {column}{hint}; keeping its position"
+    return f"sequence_by column {column} is not a column of {_table_name(ident)}{hint}: fix the `sequence_by` setting"
 
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:

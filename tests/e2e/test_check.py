@@ -113,3 +113,21 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
         "be dead letters)"
     ) in checked.output
     assert f"1 events of inv.stock would not meet CHECK constraint {early} of lake table inv/stock" in checked.output
+
+    # Settings that do not fit the table: keys in another case than its columns would make every row event a dead
+    # letter; a sequence_by pattern whose column the table lacks leaves it in the format's order, with a warning.
+    miscased = configured.model_copy(update={"keys": {"inv.stock": ["CODE"]}})
+    report = check_pipeline(spark, miscased)
+    assert [(t.setting_problem, t.refused_by_setting) for t in report.tables] == [
+        (
+            "key columns ['CODE'] of inv.stock are not columns of its messages (it has code: names are "
+            "case-sensitive): fix the `keys` setting",
+            2,
+        )
+    ]
+    assert (report.refused_by_settings, report.ok) == (2, False)
+    report = check_pipeline(spark, configured.model_copy(update={"sequence_by": {"*": "updated_at"}}))
+    assert [(t.setting_problem, t.setting_warning) for t in report.tables] == [
+        (None, "sequence_by pattern *: inv.stock has no column updated_at; keeping its position")
+    ]
+    assert report.refused_by_settings == 0

@@ -441,6 +441,11 @@ def check(
                 "has a primary key, name it under `keys:`"
             )
     for found in report.tables:
+        if found.setting_problem:
+            refused = found.refused_by_setting
+            out.print(f"{refused} events of {found.name} would be dead letters: {found.setting_problem}")
+        if found.setting_warning:
+            out.print(f"warning: {found.setting_warning}")
         for constraint, count in found.unmet_constraints.items():
             out.print(
                 f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "
