@@ -175,3 +175,22 @@ def test_settings_made_in_code_refuse_an_option_their_format_does_not_read() -> 
     assert info.value.key == "format_options.ogg-json"
     assert "ogg-json has no option insert_op" in str(info.value)
     assert "insert_op_key" in info.value.fix
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"canal-json": {"source_timezone": "Mars/Olympus"}}, "is not a time zone id or +hh:mm offset"),
+        ({"dts-canal-json": {"legacy_swap": "yes"}}, "legacy_old_data_swap must be true or false, not 'yes'"),
+        ({"qlik-avro": {"data_schemas": "[1]"}}, 'data_schemas is not a JSON object {"<schemaId>": <dataSchema>'),
+        ({"qlik-avro": {"data_schema": '{"type": "string"}'}}, "data_schema is not an Avro record schema"),
+        ({"qlik-avro": {"data_schemas": '{"7": "{"}'}}, "the data_schemas entry 7 is not an Avro record schema"),
+    ],
+)
+def test_format_option_values_a_format_cannot_use_are_refused_when_loaded(options: dict, problem: str) -> None:
+    """They stopped the first batch, with a stack trace."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with(format_options=options))
+    assert info.value.key == f"format_options.{next(iter(options))}"
+    assert problem in info.value.problem
+    assert info.value.fix == "correct the value (`cdclake formats` says what it takes)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from cdclake.exceptions import ConfigError, UnknownFormatError
@@ -66,11 +66,12 @@ def list_formats() -> list[CdcFormat]:
     return [_REGISTRY[name] for name in sorted(_REGISTRY)]
 
 
-def check_options(format_options: Mapping[str, Iterable[str]], key: str | None = None) -> None:
-    """Refuses a format that is not registered, and an option its format does not read (format name -> option
-    names): a misspelt option would otherwise be ignored, and its messages decoded without it (times in UTC instead
-    of the source's zone, DTS's swapped images taken as they come). ``key`` names where the options were given
-    (default: the configuration's ``format_options.<format>``)."""
+def check_options(format_options: Mapping[str, Mapping[str, str]], key: str | None = None) -> None:
+    """Refuses a format that is not registered, an option its format does not read (format name -> options): a
+    misspelt option would otherwise be ignored, and its messages decoded without it (times in UTC instead of the
+    source's zone, DTS's swapped images taken as they come), and a value the format cannot use (which would
+    otherwise stop the first batch). ``key`` names where the options were given (default: the configuration's
+    ``format_options.<format>``)."""
     for name, options in format_options.items():
         where = key or f"format_options.{name}"
         try:
@@ -86,3 +87,8 @@ def check_options(format_options: Mapping[str, Iterable[str]], key: str | None =
                 else "remove it: the format has no options"
             )
             raise ConfigError(where, f"{name} has no option {', '.join(unknown)}", fix)
+        if fmt.validate_options is not None:
+            try:
+                fmt.validate_options(options)
+            except ValueError as exc:
+                raise ConfigError(where, str(exc), "correct the value (`cdclake formats` says what it takes)") from None

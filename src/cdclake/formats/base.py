@@ -154,6 +154,8 @@ class CdcFormat:
         operations: vendor operation -> canonical op, for documentation and ``cdclake formats``.
         options: option name -> what it does.
         option_aliases: other names the format reads for an option (alias -> option name).
+        validate_options: raises ``ValueError`` saying which option value is wrong and why (it runs when a
+            configuration is loaded, before any message is read); None when any value will do.
         sniff: decides from one parsed JSON message whether it is in this format (``--format auto``); None when
             the format cannot be told apart from others.
         examples: file names in ``shared/formats/examples`` whose messages are in this format (tests decode them).
@@ -170,6 +172,7 @@ class CdcFormat:
     operations: Mapping[str, Op] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
     option_aliases: Mapping[str, str] = field(default_factory=dict)
+    validate_options: Callable[[FormatOptions], None] | None = None
     sniff: Callable[[Any], bool] | None = None
     examples: tuple[str, ...] = ()
     metadata: MetadataSupport | None = None

@@ -17,6 +17,7 @@ topic.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -383,13 +384,22 @@ def _flag(options: FormatOptions, names: tuple[str, ...]) -> bool:
     return any(v.strip().lower() == "true" for v in values)
 
 
+def _options(dialect: Dialect, options: FormatOptions) -> tuple[str, bool]:
+    """The source's time zone and whether DTS's images are swapped; ValueError for a value that is neither."""
+    zone = _timezone(options)
+    swapped = dialect.swap_option is not None and _flag(options, (dialect.swap_option, *dialect.swap_aliases))
+    return zone, swapped
+
+
+def _check_options(dialect: Dialect, options: FormatOptions) -> None:
+    _options(dialect, options)
+
+
 def make_decoder(dialect: Dialect) -> DecodeFn:
     """The ``decode`` function of one Canal-family dialect."""
 
     def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
-        zone = _timezone(options)
-        swapped = dialect.swap_option is not None and _flag(options, (dialect.swap_option, *dialect.swap_aliases))
-        return _decode(messages, dialect, zone, swapped)
+        return _decode(messages, dialect, *_options(dialect, options))
 
     decode.__doc__ = f"{dialect.name} messages -> canonical events (one per row of a message)."
     return decode
@@ -605,6 +615,7 @@ def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) ->
             operations=dialect.operations,
             options=options,
             option_aliases={alias: dialect.swap_option for alias in dialect.swap_aliases if dialect.swap_option},
+            validate_options=functools.partial(_check_options, dialect),
             sniff=None,
             examples=examples,
         )

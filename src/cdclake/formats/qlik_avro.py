@@ -201,6 +201,25 @@ def _schemas(options: FormatOptions) -> dict[str, str]:
     return schemas
 
 
+def _check_options(options: FormatOptions) -> None:
+    """ValueError unless ``data_schemas`` is a JSON object of Avro schemas and ``data_schema`` an Avro schema."""
+    if options.get("data_schemas"):
+        try:
+            by_id = json.loads(options["data_schemas"])
+        except ValueError:
+            by_id = None
+        if not isinstance(by_id, dict):
+            raise ValueError('data_schemas is not a JSON object {"<schemaId>": <dataSchema>, ...}')
+    for schema_id, text in _schemas(options).items():
+        try:
+            schema = json.loads(text)
+        except ValueError:
+            schema = None
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            which = "data_schema" if schema_id == "*" else f"the data_schemas entry {schema_id}"
+            raise ValueError(f'{which} is not an Avro record schema (JSON with "type": "record")')
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Frames: every part of a batch is projected onto the same columns, then unioned and finished once.
 
@@ -757,5 +776,6 @@ FORMAT: Final = register(
         sniff=None,  # binary; README "Recognition": the value starts with the bytes atMSG
         examples=(),
         metadata=MetadataSupport(extract=extract_metadata, decode=decode_with_metadata),
+        validate_options=_check_options,
     )
 )
