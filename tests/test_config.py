@@ -194,3 +194,22 @@ def test_format_option_values_a_format_cannot_use_are_refused_when_loaded(option
     assert info.value.key == f"format_options.{next(iter(options))}"
     assert problem in info.value.problem
     assert info.value.fix == "correct the value (`cdclake formats` says what it takes)"
+
+
+@pytest.mark.parametrize("interval", ["10 secs", "10s", "10", "1 min", "1 month", "-5 seconds"])
+def test_a_trigger_interval_spark_does_not_read_is_refused_when_loaded(interval: str) -> None:
+    """Spark's processing-time trigger reads a number and a unit spelt out; these stopped `run` at its start."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with(trigger={"processing_time": interval}))
+    assert str(info.value) == (
+        f"config error at 'trigger.processing_time': {interval!r} is not an interval: a number and a unit (second, "
+        "minute, hour...), spelt out. Fix: write it as Spark does, e.g. `10 seconds`, `1 minute 30 seconds`, "
+        "`500 milliseconds`"
+    )
+
+
+@pytest.mark.parametrize(
+    "interval", ["10 seconds", "1 second", "interval 1 minute 30 seconds", "1.5 Seconds", "0 seconds"]
+)
+def test_the_trigger_intervals_spark_reads_are_taken(interval: str) -> None:
+    assert parse_config(_with(trigger={"processing_time": interval})).trigger.processing_time == interval

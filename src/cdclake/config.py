@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -71,6 +71,7 @@ FIXES: dict[str, str] = {
     "format": "set `format:` to a name listed by `cdclake formats`",
     "topic_formats": "map each topic to a name listed by `cdclake formats`",
     "trigger": "use `trigger: {processing_time: 10 seconds}` or `trigger: {available_now: true}`",
+    "trigger.processing_time": "write it as Spark does, e.g. `10 seconds`, `1 minute 30 seconds`, `500 milliseconds`",
     "tables": 'use `tables: {include: [shop.*, crm.customer], exclude: ["*.tmp_*"]}`: lists of `db.table` '
     "(or `table`, `db.schema.table`) patterns where `*` matches any characters and `?` one",
     "routes": 'use `routes: [{tables: ["shop.orders_*"], to: shop.orders}]`: a list of rules, each with `tables` '
@@ -152,11 +153,25 @@ def _is_kafka_client_key(key: str) -> bool:
     return "." in key
 
 
+_INTERVAL: Final = re.compile(
+    r"\s*(interval\s+)?(\d+(\.\d+)?\s+(microsecond|millisecond|second|minute|hour|day|week)s?\s*)+", re.IGNORECASE
+)
+"""What Spark's processing-time trigger reads (``IntervalUtils.stringToInterval``; months and years refused): a
+number and a unit, repeatable. ``10 secs``, ``10s`` or ``1 min`` stopped ``run`` at its start with Spark's error."""
+
+
 class TriggerConfig(_Strict):
     """When micro-batches run."""
 
     processing_time: str | None = "10 seconds"
     available_now: bool = False
+
+    @field_validator("processing_time")
+    @classmethod
+    def _interval(cls, value: str | None) -> str | None:
+        if value is not None and not _INTERVAL.fullmatch(value):
+            raise ValueError(f"{value!r} is not an interval: a number and a unit (second, minute, hour...), spelt out")
+        return value
 
 
 class OnlineSchemaChangeConfig(_Strict):
@@ -387,7 +402,8 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     except ValidationError as exc:
         error = exc.errors()[0]
         location = ".".join(str(part) for part in error["loc"]) or "<root>"
-        problem = str(error["msg"])
+        # pydantic words a validator's ValueError as "Value error, <its text>": the text is the problem.
+        problem = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             return_fix = "remove it or check its spelling (see the README for every key)"
             raise ConfigError(location, "unknown key", return_fix) from None
@@ -395,7 +411,7 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
             problem = "required key is missing"
         for marker, (key, key_fix) in _CROSS_KEY_PROBLEMS.items():
             if location == "<root>" and marker in problem:
-                raise ConfigError(key, problem.removeprefix("Value error, "), key_fix) from None
+                raise ConfigError(key, problem, key_fix) from None
         fix = _fix_for(location)
         if location in ("<root>", "kafka") and "format" in problem:
             fix, location = FIXES["format"], "format"
