@@ -233,8 +233,8 @@ def test_key_columns_the_messages_do_not_carry_make_dead_letters_not_one_row(spa
     )
     assert sum(r.dead_letters for r in results) == 2
     assert {d.reason for d in list_dead_letters(spark, lake).dead_letters} == {
-        "key columns ['CODE'] of inv.stock are not columns of its messages (it has code: names are case-sensitive): "
-        "fix the `keys` setting"
+        "key columns ['CODE'] are not columns of inv.stock (it has code: names are case-sensitive): fix the "
+        "`keys` setting"
     }
     report = replay_dead_letters(spark, lake, keys={"inv.stock": ["code"]})
     assert (report.applied, stock_rows(lake)) == (2, [("a", "1"), ("b", "2")])

@@ -83,18 +83,19 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     table name or pattern -> column name, see :class:`cdclake.tables.PerTable`), with the format's position (or
     the Kafka fallback) after it to break ties.
 
-    The column's value is taken from the after image (the before image for deletes). Integer and timestamp columns
-    compare numerically (shifted by 10^20 and zero-padded, so negative values sort too), other types as text; an
-    event whose value is NULL sorts before every event with a value.
+    The column's value is taken from the after image (the before image for deletes), by its name in any case: the
+    messages of a table may spell it otherwise than the setting or than each other (the lake keeps one column).
+    Integer and timestamp columns compare numerically (shifted by 10^20 and zero-padded, so negative values sort
+    too), other types as text; an event whose value is NULL sorts before every event with a value.
     """
     if not sequence_by:
         return events
     # Staged: the column name is read inside a lambda below, which Spark evaluates again for each element.
     events = events.withColumn(_SEQUENCE_COLUMN, _sequence_by_column(tuple(sequence_by.items())))
-    column = F.col(_SEQUENCE_COLUMN)
+    column = F.lower(F.col(_SEQUENCE_COLUMN))
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
-    value = F.element_at(image, column)
-    declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: c["name"] == column), 0)["spark_type"]
+    value = F.element_at(F.transform_keys(image, lambda k, _v: F.lower(k)), column)
+    declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: F.lower(c["name"]) == column), 0)["spark_type"]
     shift = F.lit(str(10**20)).cast("decimal(38,0)")  # Py4J cannot pass a Python int beyond 64 bits
     numeric = F.lpad((value.try_cast("decimal(38,0)") + shift).cast("string"), 24, "0")
     text = F.when(declared.isin(*_INTEGRAL_TYPES), numeric).otherwise(value)
@@ -348,6 +349,9 @@ class TablePlan:
     """Lower-cased column name -> every Spark type the batch's messages declare for it along with a value (usually
     one). A type declared only next to NULLs may be a vendor's guess (dts.md 1.7: TEXT and BLOB share their codes),
     and must not retype a column (cdclake.evolve.SchemaEvolution.reconcile_types)."""
+    declared_names: set[str] = field(default_factory=set)
+    """Every column name the batch's messages declare, exactly as they spell it (images hold their columns by these
+    names; a lake table that already has a column keeps its own spelling)."""
 
 
 def _valued_columns() -> Column:
@@ -417,6 +421,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         guessed = unvalued.setdefault(ident, set())
         for column in row[model.COLUMNS] or []:
             name, spark_type, lower = column["name"], column["spark_type"], column["name"].lower()
+            plan.declared_names.add(name)
             if lower not in known:
                 known[lower] = len(plan.columns)
                 plan.columns.append((name, spark_type))

@@ -663,6 +663,7 @@ class Pipeline:
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
+            good = self._in_lake_spelling(good, plans, table_columns)
 
         misfit, unchecked = self._misfit_reason(plans, table_columns, constraints, good)
         if misfit is not None:
@@ -685,6 +686,54 @@ class Pipeline:
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
         self._history(good, plans, table_columns, txn, result)
+
+    def _in_lake_spelling(
+        self, good: DataFrame, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
+    ) -> DataFrame:
+        """``good`` with the row events' column names spelt as their lake table spells them, where a message spells
+        one in another case (the source renamed `code` to `CODE`, shards of one lake table differ). Delta and Iceberg
+        match column names case-insensitively, so the lake keeps one column; images are read by exact names, so
+        without this every value of such a column read NULL: rows were written with NULL keys and values.
+        Nothing to do, and nothing computed, when every message spells the columns as the lake does."""
+        respelt: dict[str, dict[str, str]] = {}
+        for plan in plans:
+            lake = {name.lower(): name for name, _ in table_columns[plan.table_id]}
+            renames = {n: lake[n.lower()] for n in plan.declared_names if lake.get(n.lower(), n) != n}
+            if renames:
+                respelt[plan.table_id] = renames
+                # The messages' own keys are respelt with their images. Configured keys are not: they are read as
+                # written, and must name the lake's spelling (_misfit_reason says so).
+                if PerTable.of(self.settings.keys).value_for(plan.database, plan.schema, plan.table) is None:
+                    plan.key_columns = [renames.get(key, key) for key in plan.key_columns]
+        if not respelt:
+            return good
+        log.info("column names spelt as their lake tables spell them: %s", respelt)
+        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+
+        def in_lake(name: Column) -> Column:
+            spelt = name
+            for table_id, renames in respelt.items():
+                for message_name, lake_name in renames.items():
+                    spelt = F.when((this_table == table_id) & (name == message_name), F.lit(lake_name)).otherwise(spelt)
+            return spelt
+
+        respelt_columns = {
+            model.BEFORE: F.transform_keys(model.BEFORE, lambda k, _v: in_lake(k)),
+            model.AFTER: F.transform_keys(model.AFTER, lambda k, _v: in_lake(k)),
+            model.COLUMNS: F.transform(model.COLUMNS, lambda c: c.withField("name", in_lake(c["name"]))),
+            model.KEY_COLUMNS: F.transform(model.KEY_COLUMNS, in_lake),
+        }
+        respelled = good.select(
+            *(
+                F.when(rows, respelt_columns[name]).otherwise(F.col(name)).alias(name)
+                if name in respelt_columns
+                else F.col(name)
+                for name in good.columns
+            )
+        ).localCheckpoint(eager=True)
+        self._batch_frames.append(respelled)
+        return respelled
 
     def _latest_columns_of_shared_tables(
         self, plans: Sequence[apply.TablePlan], table_columns: dict[str, list[tuple[str, str]]]
@@ -933,6 +982,7 @@ class Pipeline:
         for plan in plans:
             stored = {name.lower(): (name, t) for name, t in table_columns[plan.table_id]}
             this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
+            # Images hold the lake table's spelling (_in_lake_spelling).
             names = [name for name, _ in table_columns[plan.table_id]]
             ident = (plan.database, plan.schema, plan.table)
             if problem := unknown_keys_problem(ident, plan.key_columns, names) or self._sequence_by_problem(
@@ -1467,8 +1517,8 @@ def unknown_keys_problem(
     if not unknown:
         return None
     return (
-        f"key columns {unknown} of {_table_name(ident)} are not columns of its messages"
-        f"{_case_hint(unknown, columns)}: fix the `keys` setting"
+        f"key columns {unknown} are not columns of {_table_name(ident)}{_case_hint(unknown, columns)}: fix the "
+        "`keys` setting"
     )
 
 
@@ -1479,17 +1529,17 @@ def sequence_by_problem(
     sequence_by: Mapping[str, str], ident: tuple[str | None, str | None, str], columns: Sequence[str]
 ) -> str | None:
     """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None: the table has no such
-    column among ``columns`` (names are case-sensitive), so every change would sort as NULL, by the format's position
-    instead, and nothing would say so. When a pattern gave the column (it may match tables without it), the text
-    starts with ``sequence_by pattern``: the table keeps the format's order, and that is only worth a warning."""
+    column among ``columns`` (in any case, as ``apply.sequenced`` reads it), so every change would sort as NULL, by
+    the format's position instead, and nothing would say so. When a pattern gave the column (it may match tables
+    without it), the text starts with ``sequence_by pattern``: the table keeps the format's order, and that is only
+    worth a warning."""
     entry = PerTable.of(sequence_by).entry_for(*ident)
-    if entry is None or entry[1] in columns:
+    if entry is None or entry[1].lower() in {name.lower() for name in columns}:
         return None
     setting, column = entry
-    hint = _case_hint([column], columns)
     if is_pattern(setting):
-        return f"{BY_PATTERN}{setting}: {_table_name(ident)} has no column {column}{hint}; keeping its position"
-    return f"sequence_by column {column} is not a column of {_table_name(ident)}{hint}: fix the `sequence_by` setting"
+        return f"{BY_PATTERN}{setting}: {_table_name(ident)} has no column {column}; keeping its position"
+    return f"sequence_by column {column} is not a column of {_table_name(ident)}: fix the `sequence_by` setting"
 
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:

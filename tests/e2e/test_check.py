@@ -120,8 +120,8 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
     report = check_pipeline(spark, miscased)
     assert [(t.setting_problem, t.refused_by_setting) for t in report.tables] == [
         (
-            "key columns ['CODE'] of inv.stock are not columns of its messages (it has code: names are "
-            "case-sensitive): fix the `keys` setting",
+            "key columns ['CODE'] are not columns of inv.stock (it has code: names are case-sensitive): fix the "
+            "`keys` setting",
             2,
         )
     ]

@@ -200,6 +200,53 @@ def test_configured_keys_for_a_table_without_any(spark, lake, tmp_path: Path) ->
     assert read_table(f"{lake}/inv/stock") == [{"code": "a", "qty": 2}]
 
 
+def test_columns_spelt_in_another_case_land_in_the_lake_tables_columns(spark, lake, tmp_path: Path) -> None:
+    """The source renames `code` to `CODE` (MySQL `CHANGE code CODE ...`), or shards of one lake table spell a column
+    differently. The lake keeps one column (Delta matches names case-insensitively), and images are read by exact
+    names: every value of such a column was NULL, so rows were written with NULL keys and values."""
+
+    def message(table: str, op: str, seq: int, row: dict[str, Any], keys: list[str] | None) -> str:
+        columns = [{"name": name, "type": "STRING" if name.lower() == "code" else "LONG"} for name in row]
+        source = {"dbType": "MySQL", "dbName": "inv", "tableName": table}
+        payload = {
+            "before": {"dataColumn": row} if op == "UPDATE_BEFOR" else None,
+            "after": {"dataColumn": row} if op != "UPDATE_BEFOR" else None,
+            "sequenceId": str(seq),
+            "op": op,
+            "timestamp": {"eventTime": 1709288131000 + seq},
+            "ddl": None,
+        }
+        schema = {"dataColumn": columns, "primaryKey": keys, "source": source}
+        return json.dumps({"schema": schema, "payload": payload, "version": "1.0.0"})
+
+    def land(name: str, *lines: str) -> int:
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        results = replay(
+            spark, lake=lake, format_name="dataworks-json", paths=[str(path)], keys={"inv.stock": ["code"]}
+        )
+        return sum(r.dead_letters for r in results)
+
+    # inv.stock: keys configured (in the lake's spelling); inv.bin: the messages' own primary key.
+    before = [
+        message(t, "INSERT", 1, {"code": "a", "qty": 1}, keys) for t, keys in (("stock", None), ("bin", ["code"]))
+    ]
+    assert land("lower", *before) == 0
+    renamed = [
+        message(table, op, seq, row, keys)
+        for table, keys in (("stock", None), ("bin", ["CODE"]))
+        for op, seq, row in (
+            ("UPDATE_BEFOR", 2, {"CODE": "a", "QTY": 1}),
+            ("UPDATE_AFTER", 2, {"CODE": "a", "QTY": 30}),
+            ("INSERT", 3, {"CODE": "c", "QTY": 40}),
+        )
+    ]
+    assert land("upper", *renamed) == 0
+    for table in ("stock", "bin"):
+        rows = sorted(read_table(f"{lake}/inv/{table}"), key=lambda r: r["code"])
+        assert rows == [{"code": "a", "qty": 30}, {"code": "c", "qty": 40}], table
+
+
 def test_full_image_identity_when_no_key_is_known(spark, lake, tmp_path: Path) -> None:
     """Last resort: the whole before image identifies the row."""
     row = {
