@@ -180,10 +180,13 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         known = {name.lower() for name, _ in stored or []}
         new_columns = [c for c in row["columns"] or [] if stored is not None and c.lower() not in known]
         # The columns the run would find: the lake table's and the ones the messages add (cdclake.pipeline checks
-        # the settings against those).
+        # the settings against those). The messages' own keys are their declared columns, respelt as the lake
+        # spells them: only configured keys can name a column the table does not have.
         columns = [name for name, _ in stored or []] + (new_columns if stored is not None else row["columns"] or [])
+        configured_keys = keys if key_source == "keys" else []
         problem = (
-            (unknown_keys_problem(ident, keys, columns) or sequence_by_problem(settings.sequence_by, ident, columns))
+            unknown_keys_problem(ident, configured_keys, columns)
+            or sequence_by_problem(settings.sequence_by, ident, columns)
             if lands == "yes"
             else None
         )
