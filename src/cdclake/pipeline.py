@@ -708,15 +708,22 @@ class Pipeline:
         if not respelt:
             return good
         log.info("column names spelt as their lake tables spell them: %s", respelt)
-        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
         rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+        # One lookup per name, however many are respelt: table id, separator and message name -> the lake's name.
+        # (Identifiers hold no control characters: formats.base refuses them.)
+        lake_names = F.create_map(
+            *(
+                F.lit(text)
+                for table_id, renames in sorted(respelt.items())
+                for message_name, lake_name in sorted(renames.items())
+                for text in (table_id + _KEY_SEP + message_name, lake_name)
+            )
+        )
+        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        of_table = F.concat(this_table, F.lit(_KEY_SEP))
 
         def in_lake(name: Column) -> Column:
-            spelt = name
-            for table_id, renames in respelt.items():
-                for message_name, lake_name in renames.items():
-                    spelt = F.when((this_table == table_id) & (name == message_name), F.lit(lake_name)).otherwise(spelt)
-            return spelt
+            return F.coalesce(F.element_at(lake_names, F.concat(of_table, name)), name)
 
         respelt_columns = {
             model.BEFORE: F.transform_keys(model.BEFORE, lambda k, _v: in_lake(k)),
