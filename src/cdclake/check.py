@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
-from cdclake.pipeline import BY_PATTERN, Pipeline, sequence_by_problem, unknown_keys_problem
+from cdclake.pipeline import Pipeline, sequence_by_problem, unknown_keys_problem
 from cdclake.runner import committed_offsets, settings_from_config
 from cdclake.sources import kafka
 from cdclake.tables import PerTable
@@ -184,12 +184,10 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         # spells them: only configured keys can name a column the table does not have.
         columns = [name for name, _ in stored or []] + (new_columns if stored is not None else row["columns"] or [])
         configured_keys = keys if key_source == "keys" else []
-        problem = (
-            unknown_keys_problem(ident, configured_keys, columns)
-            or sequence_by_problem(settings.sequence_by, ident, columns)
-            if lands == "yes"
-            else None
-        )
+        key_problem = unknown_keys_problem(ident, configured_keys, columns) if lands == "yes" else None
+        unordered = sequence_by_problem(settings.sequence_by, ident, columns) if lands == "yes" else None
+        if key_problem is not None:  # its events are dead letters whatever sequence_by says
+            unordered = None
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),
@@ -203,9 +201,8 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 unmet_constraints=(
                     {} if stored is None or lake_table is None else _unmet(pipeline, events, ident, stored, lake_table)
                 ),
-                # A pattern's sequence_by column that the table lacks is only a warning (the format's order).
-                setting_problem=None if problem is None or problem.startswith(BY_PATTERN) else problem,
-                setting_warning=problem if problem is not None and problem.startswith(BY_PATTERN) else None,
+                setting_problem=key_problem or (unordered.text if unordered and not unordered.warning_only else None),
+                setting_warning=unordered.text if unordered and unordered.warning_only else None,
             )
         )
     return findings

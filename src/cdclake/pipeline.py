@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -1028,11 +1028,11 @@ class Pipeline:
     def _sequence_by_problem(self, ident: tuple[str | None, str | None, str], columns: Sequence[str]) -> str | None:
         """:func:`sequence_by_problem` of the table; a pattern's table without the column is logged, once."""
         problem = sequence_by_problem(self.settings.sequence_by, ident, columns)
-        if problem is None or not problem.startswith(BY_PATTERN):
-            return problem
-        if problem not in self._unsequenced_warned:
-            self._unsequenced_warned.add(problem)
-            log.warning(problem)
+        if problem is None or not problem.warning_only:
+            return None if problem is None else problem.text
+        if problem.text not in self._unsequenced_warned:
+            self._unsequenced_warned.add(problem.text)
+            log.warning(problem.text)
         return None
 
     def _refuse_rows_not_meeting_constraints(
@@ -1529,24 +1529,30 @@ def unknown_keys_problem(
     )
 
 
-BY_PATTERN: Final = "sequence_by pattern "
+class SequenceByProblem(NamedTuple):
+    """Why a table's changes cannot be ordered by its ``sequence_by`` column (:func:`sequence_by_problem`)."""
+
+    text: str
+    warning_only: bool
+    """A pattern gave the column (it may match tables without it): the table keeps the format's order, and that is
+    only worth a warning. Otherwise the table's row events are dead letters."""
 
 
 def sequence_by_problem(
     sequence_by: Mapping[str, str], ident: tuple[str | None, str | None, str], columns: Sequence[str]
-) -> str | None:
+) -> SequenceByProblem | None:
     """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None: the table has no such
     column among ``columns`` (in any case, as ``apply.sequenced`` reads it), so every change would sort as NULL, by
-    the format's position instead, and nothing would say so. When a pattern gave the column (it may match tables
-    without it), the text starts with ``sequence_by pattern``: the table keeps the format's order, and that is only
-    worth a warning."""
+    the format's position instead, and nothing would say so."""
     entry = PerTable.of(sequence_by).entry_for(*ident)
     if entry is None or entry[1].lower() in {name.lower() for name in columns}:
         return None
     setting, column = entry
     if is_pattern(setting):
-        return f"{BY_PATTERN}{setting}: {_table_name(ident)} has no column {column}; keeping its position"
-    return f"sequence_by column {column} is not a column of {_table_name(ident)}: fix the `sequence_by` setting"
+        text = f"sequence_by pattern {setting}: {_table_name(ident)} has no column {column}; keeping its position"
+        return SequenceByProblem(text, warning_only=True)
+    text = f"sequence_by column {column} is not a column of {_table_name(ident)}: fix the `sequence_by` setting"
+    return SequenceByProblem(text, warning_only=False)
 
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
