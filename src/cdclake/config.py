@@ -34,6 +34,7 @@ Example::
     transactions: {consistent: true}               # apply only complete source transactions (README)
     deletion_vectors: auto                         # auto | always | never (README: Deletion vectors)
     table_format: delta                            # delta | iceberg (README: Iceberg lake tables)
+    table_properties: {"shop.*": {delta.enableChangeDataFeed: true}}   # lake tables' own properties (README)
     iceberg_catalog: glue                          # iceberg: a Spark catalog of the session (default: at `lake`)
 """
 
@@ -88,6 +89,8 @@ FIXES: dict[str, str] = {
     "or a list of `db.table` names or patterns",
     "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
     "table_format": "use `delta` (default) or `iceberg`",
+    "table_properties": "map `db.table` (or `table`, or a pattern such as `shop.*`) to the lake table's properties, "
+    'e.g. `table_properties: {"shop.*": {delta.enableChangeDataFeed: true}}`',
     "iceberg_catalog": "name a Spark catalog that the session configures (`spark.sql.catalog.<name>`), "
     "or leave it out for an Iceberg catalog at `lake`",
     "transactions": (
@@ -228,6 +231,13 @@ def _checked_patterns(value: list[str]) -> list[str]:
 _Setting = TypeVar("_Setting")
 
 
+def _property_text(value: Any) -> Any:
+    """A YAML scalar as the text a table property holds (``true``, not Python's ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int | float) else value
+
+
 def _checked_names(value: dict[str, _Setting]) -> dict[str, _Setting]:
     """The table names or patterns of a per-table setting (cdclake.tables.PerTable), checked."""
     _checked_patterns(list(value))
@@ -321,6 +331,7 @@ class PipelineConfig(_Strict):
     deletion_vectors: Literal["auto", "always", "never"] = "auto"
     table_format: Literal["delta", "iceberg"] = "delta"
     iceberg_catalog: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    table_properties: dict[str, dict[str, str]] = Field(default_factory=dict)
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
@@ -341,6 +352,25 @@ class PipelineConfig(_Strict):
     @field_validator("sequence_by")
     @classmethod
     def _sequence_tables(cls, value: dict[str, str]) -> dict[str, str]:
+        return _checked_names(value)
+
+    @field_validator("table_properties", mode="before")
+    @classmethod
+    def _property_values_as_text(cls, value: Any) -> Any:
+        # Table properties are text; YAML reads `true` and `30` as a boolean and a number.
+        if not isinstance(value, dict):
+            return value
+        return {
+            table: {k: _property_text(v) for k, v in properties.items()} if isinstance(properties, dict) else properties
+            for table, properties in value.items()
+        }
+
+    @field_validator("table_properties")
+    @classmethod
+    def _property_tables(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for table, properties in value.items():
+            if not properties:
+                raise ValueError(f"table {table} has no properties")
         return _checked_names(value)
 
     @model_validator(mode="after")
@@ -421,6 +451,9 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     from cdclake.formats import check_options
 
     check_options(config.format_options)
+    from cdclake.sinks import check_table_properties
+
+    check_table_properties(config.table_properties, config.table_format)
     return config
 
 

@@ -62,7 +62,7 @@ from cdclake.formats.base import (
     unique_metadata,
 )
 from cdclake.model import Op
-from cdclake.sinks import TableFormat, history, lake_sink
+from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
 from cdclake.spark import (
     is_local_checkpoint,
@@ -167,6 +167,9 @@ class PipelineSettings:
             bookkeeping tables are Delta either way.
         iceberg_catalog: with ``iceberg``, a Spark catalog of the session that holds the lake tables instead of a
             Hadoop catalog at ``lake``.
+        table_properties: table name or pattern -> the properties of its lake table (``delta.*`` ones, Iceberg's,
+            or the lake owner's own), set when the table is created and when an existing one has other values (see
+            cdclake.sinks.lake_sink).
     """
 
     lake: str
@@ -195,9 +198,11 @@ class PipelineSettings:
     deletion_vectors: DeletionVectors = "auto"
     table_format: TableFormat = "delta"
     iceberg_catalog: str | None = None
+    table_properties: TableProperties = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_options(self.format_options)
+        check_table_properties(self.table_properties, self.table_format)
 
 
 @dataclass
@@ -287,6 +292,7 @@ class Pipeline:
             deletion_vectors=settings.deletion_vectors,
             iceberg_catalog=settings.iceberg_catalog,
             routes=settings.routes,
+            table_properties=settings.table_properties,
         )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)

@@ -17,7 +17,7 @@ from cdclake.evolve import Policy
 from cdclake.exceptions import CdclakeError, SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
-from cdclake.sinks import TableFormat
+from cdclake.sinks import TableFormat, TableProperties
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sources import files, kafka
@@ -165,6 +165,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         deletion_vectors=config.deletion_vectors,
         table_format=config.table_format,
         iceberg_catalog=config.iceberg_catalog,
+        table_properties={table: dict(properties) for table, properties in config.table_properties.items()},
     )
 
 
@@ -242,6 +243,7 @@ def replay(
     deletion_vectors: DeletionVectors = "auto",
     table_format: TableFormat = "delta",
     iceberg_catalog: str | None = None,
+    table_properties: TableProperties | None = None,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
@@ -251,7 +253,7 @@ def replay(
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
-    cdclake.sinks.iceberg).
+    cdclake.sinks.iceberg); ``table_properties``: the lake tables' own properties (see cdclake.sinks.lake_sink).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
@@ -276,6 +278,7 @@ def replay(
         deletion_vectors=deletion_vectors,
         table_format=table_format,
         iceberg_catalog=iceberg_catalog,
+        table_properties=dict(table_properties or {}),
     )
     return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
 

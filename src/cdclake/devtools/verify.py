@@ -64,7 +64,14 @@ def read_table(path: str) -> list[dict[str, Any]]:
 
         rows = pa.table(QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()).to_pylist()
     else:
-        rows = [row for uri in table.file_uris() for row in pq.read_table(uri.removeprefix("file://")).to_pylist()]
+        # A data file may hold columns that are not the table's: Delta's change data feed writes `_change_type`
+        # into them (null in data rows), and pyarrow reads every column a file has.
+        columns = {field.name for field in table.schema().fields}
+        rows = [
+            {k: v for k, v in row.items() if k in columns}
+            for uri in table.file_uris()
+            for row in pq.read_table(uri.removeprefix("file://")).to_pylist()
+        ]
     return user_rows(rows)
 
 

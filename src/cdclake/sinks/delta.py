@@ -44,10 +44,10 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
-from cdclake.exceptions import ConstraintViolationError
+from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
-from cdclake.tables import TableRoutes
+from cdclake.tables import PerTable, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -472,6 +472,11 @@ class DeltaSink:
 
             Switching upgrades the table's Delta protocol (reader 3, writer 7, feature ``deletionVectors``), which
             readers need to support (Spark with Delta 2.3 or later, Trino, DuckDB, delta-rs through DataFusion).
+        routes: which lake table each source table lands in.
+        table_properties: the lake tables' own properties, per source table name or pattern (``table_properties``
+            setting, checked by ``cdclake.sinks.check_table_properties``): set when a table is created, and on an
+            existing table whose values differ (:meth:`_reconcile_properties`). A property left out of the setting
+            later is left as the table has it.
     """
 
     DELETION_VECTORS_REWRITE_BYTES: int = 4 * 1024 * 1024
@@ -505,6 +510,7 @@ class DeltaSink:
         lake: str,
         deletion_vectors: DeletionVectors = "auto",
         routes: TableRoutes | None = None,
+        table_properties: PerTable[dict[str, str]] | None = None,
     ) -> None:
         if deletion_vectors not in DELETION_VECTOR_MODES:
             raise ValueError(f"deletion_vectors must be one of {', '.join(DELETION_VECTOR_MODES)}")
@@ -513,6 +519,7 @@ class DeltaSink:
         self.system_dir = f"{self.lake}/_cdclake"
         self.deletion_vectors = deletion_vectors
         self.routes = routes or TableRoutes()
+        self.table_properties = self._known_properties(table_properties or PerTable())
         # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
         self._columns: dict[str, list[tuple[str, str]]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
@@ -527,7 +534,7 @@ class DeltaSink:
         self._with_deletion_vectors: set[str] = set()
         # Paths of the tables that ensure_table(defer_creation=True) found missing: their first write creates them.
         self._awaiting_creation: set[str] = set()
-        # Lake tables whose cdclake properties ensure_table has looked at in this process (_restore_source_properties).
+        # Lake tables whose properties ensure_table has looked at in this process (_reconcile_properties).
         self._source_properties_checked: set[str] = set()
         # Bookkeeping table path -> the newest marker versions appended there (read from its rows once, then kept
         # from this sink's own appends); None for a table from before the marker columns (Delta's markers).
@@ -714,7 +721,7 @@ class DeltaSink:
         self._awaiting_creation.discard(path)
         if self._exists(path):
             if path not in self._source_properties_checked:
-                self._restore_source_properties(path, plan)
+                self._reconcile_properties(path, plan, self._properties(path))
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
@@ -737,15 +744,65 @@ class DeltaSink:
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in schema.fields if f.name not in meta]
         return self._columns[path]
 
-    def _restore_source_properties(self, path: str, plan: TablePlan) -> None:
-        """Gives the existing lake table at ``path`` cdclake's source properties (:func:`source_properties`, from
-        ``plan``) if it lacks them; :meth:`ensure_table` asks once per table and process. A table cdclake created
-        lacks them only when it was created beside a killed creation's files and its process was killed again before
-        the commit that adds them (:meth:`_create_beside_leftovers`); a table created by hand may too. Without them
-        a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key columns."""
-        if "cdclake.source" not in self._properties(path):
+    def _reconcile_properties(self, path: str, plan: TablePlan, stored: Mapping[str, str]) -> None:
+        """Sets, in one commit, what the existing lake table at ``path`` (with properties ``stored``) lacks or has
+        otherwise; :meth:`ensure_table` asks once per table and process:
+
+        * the values of the ``table_properties`` setting that differ (:meth:`user_properties`): the setting is
+          what the lake's owner wants the tables to have, so a changed value reaches existing tables;
+        * cdclake's source properties (:func:`source_properties`, from ``plan``) if it lacks them. A table cdclake
+          created lacks them only when it was created beside a killed creation's files and its process was killed
+          again before the commit that adds them (:meth:`_create_beside_leftovers`); a table created by hand may
+          too. Without them a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key
+          columns.
+        """
+        changed = {k: v for k, v in self.user_properties(plan).items() if stored.get(k) != v}
+        if changed:
+            log.info("%s: table properties set from the table_properties setting: %s", path, sorted(changed))
+        if "cdclake.source" not in stored:
             log.warning("%s lacks cdclake's table properties (cdclake.source, %s): set now", path, KEY_COLUMNS_PROPERTY)
-            self._set_properties(path, source_properties(plan))
+            changed.update(source_properties(plan))
+        if changed:
+            self._set_properties(path, changed)
+
+    def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
+        """``table_properties`` with each ``delta.*`` key in the spelling Delta stores it in, once Delta has accepted
+        it and its value (``DeltaConfigs.validateConfigurations``, no I/O). Raises :class:`ConfigError` naming the
+        entry for a property Delta does not know or a value it refuses: found when the pipeline starts, not when
+        its first new table is created mid-stream."""
+        if not table_properties:
+            return table_properties
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        known: list[tuple[str, dict[str, str]]] = []
+        for pattern, properties in table_properties.entries:
+            given = jvm.java.util.HashMap()
+            for key, value in properties.items():
+                given.put(key, value)
+            try:
+                accepted = jvm.org.apache.spark.sql.delta.DeltaConfigs.validateConfigurations(
+                    jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(given)
+                )
+            except (Py4JJavaError, CapturedException) as exc:
+                # PySpark's own text of Delta's error (its getMessage() looks Delta's error class up in Spark's).
+                message = exc.java_exception.getMessage() if isinstance(exc, Py4JJavaError) else str(exc)
+                reason = " ".join(str(message).split("\nJVM stacktrace:")[0].split())
+                raise ConfigError(
+                    f"table_properties.{pattern}",
+                    f"Delta refuses these table properties: {reason}",
+                    "use the property names and values of Delta's table properties documentation (e.g. "
+                    "`delta.enableChangeDataFeed: true`, `delta.logRetentionDuration: interval 30 days`)",
+                ) from None
+            pairs, normalized = accepted.iterator(), {}
+            while pairs.hasNext():
+                pair = pairs.next()
+                normalized[str(pair._1())] = str(pair._2())
+            known.append((pattern, normalized))
+        return PerTable(tuple(known))
+
+    def user_properties(self, plan: TablePlan) -> dict[str, str]:
+        """The properties that the ``table_properties`` setting gives the lake table of ``plan``'s source table."""
+        return dict(self.table_properties.value_for(plan.database, plan.schema, plan.table) or {})
 
     def _leave_to_first_write(self, path: str, plan: TablePlan) -> list[tuple[str, str]]:
         """Leaves the missing table at ``path`` to its first :meth:`merge` (``ensure_table``'s ``defer_creation``);
@@ -757,6 +814,7 @@ class DeltaSink:
         """The table properties of a lake table cdclake creates for ``plan``."""
         return {
             **TABLE_PROPERTIES,
+            **self.user_properties(plan),
             **source_properties(plan),
             # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
             "delta.dataSkippingStatsColumns": ",".join(self._stats_columns(plan)),

@@ -59,7 +59,7 @@ from cdclake.sinks.delta import (
     sql_string,
 )
 from cdclake.spark import in_session
-from cdclake.tables import TableRoutes
+from cdclake.tables import PerTable, TableRoutes
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,14 @@ class IcebergSink(DeltaSink):
     auto compaction waits for, ``spark.databricks.delta.autoCompact.minNumFiles``)."""
 
     def __init__(
-        self, spark: SparkSession, lake: str, catalog: str | None = None, routes: TableRoutes | None = None
+        self,
+        spark: SparkSession,
+        lake: str,
+        catalog: str | None = None,
+        routes: TableRoutes | None = None,
+        table_properties: PerTable[dict[str, str]] | None = None,
     ) -> None:
-        super().__init__(spark, lake, deletion_vectors="never", routes=routes)
+        super().__init__(spark, lake, deletion_vectors="never", routes=routes, table_properties=table_properties)
         if catalog is None:
             catalog = "cdclake_" + hashlib.sha1(self.lake.encode("utf-8")).hexdigest()[:12]
             prefix = f"spark.sql.catalog.{catalog}"
@@ -246,10 +251,17 @@ class IcebergSink(DeltaSink):
         """
         path = self.table_path(plan.database, plan.schema, plan.table)
         cached = self._columns.get(path)
-        if cached is not None and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}:
+        if (
+            cached is not None
+            and path in self._source_properties_checked
+            and {n.lower() for n, _ in plan.columns} <= {n.lower() for n, _ in cached}
+        ):
             return cached
         self._awaiting_creation.discard(path)
-        if not self._user_table_exists(path):
+        if self._user_table_exists(path):
+            if path not in self._source_properties_checked:
+                self._reconcile_properties(path, plan, self._properties_of(path))
+        else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self._namespace(plan.database, plan.schema, plan.table)}")
@@ -258,6 +270,7 @@ class IcebergSink(DeltaSink):
             props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in self._creation_properties(plan).items())
             identifier = self._identifier_of(path)
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
+        self._source_properties_checked.add(path)
         self._columns.pop(path, None)
         stored = self.columns(plan.database, plan.schema, plan.table) or []
         existing = {name.lower() for name, _ in stored}
@@ -269,7 +282,15 @@ class IcebergSink(DeltaSink):
 
     def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
         """The table properties of a lake table cdclake creates for ``plan``."""
-        return {**TABLE_PROPERTIES, **source_properties(plan)}
+        return {**TABLE_PROPERTIES, **self.user_properties(plan), **source_properties(plan)}
+
+    def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
+        """Iceberg takes any property; it checks the values of those it uses when it uses them."""
+        return table_properties
+
+    def _set_properties(self, path: str, properties: Mapping[str, str]) -> None:
+        listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
+        self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} SET TBLPROPERTIES ({listed})")
 
     def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
         """Creates the table at ``path`` holding ``rows``, with ``properties`` (``CREATE TABLE ... AS SELECT``, atomic
