@@ -3,8 +3,8 @@
 Before a pipeline is started (or after its configuration changed), ``check`` answers what a first run would
 otherwise answer the hard way: can the brokers be read with these settings, does the configured format decode
 these topics, which source tables are in them, which of them land and in which lake table, what identifies their
-rows, which columns would be added to existing lake tables, and which rows would not meet a lake table's CHECK
-constraints.
+rows, which columns and ``table_properties`` values would be added to existing lake tables, and which rows would
+not meet a lake table's CHECK constraints.
 
 It reads up to N messages from where the pipeline would go on (the offsets of the newest batch its checkpoint has
 committed, in the partitions it knows; for a new checkpoint, the earliest offsets of the configured topics) with
@@ -49,6 +49,8 @@ class TableFinding:
             naming columns it does not have, a ``sequence_by`` column it does not have), or None.
         setting_warning: what a run would log about the table's settings (a ``sequence_by`` pattern whose column
             the table does not have: it keeps the format's order), or None.
+        properties_to_set: ``table_properties`` values that the existing lake table lacks or has otherwise (a run
+            sets them).
     """
 
     name: str
@@ -62,6 +64,7 @@ class TableFinding:
     unmet_constraints: dict[str, int] = field(default_factory=dict)
     setting_problem: str | None = None
     setting_warning: str | None = None
+    properties_to_set: dict[str, str] = field(default_factory=dict)
 
     @property
     def refused_by_setting(self) -> int:
@@ -203,6 +206,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 ),
                 setting_problem=key_problem or (unordered.text if unordered and not unordered.warning_only else None),
                 setting_warning=unordered.text if unordered and unordered.warning_only else None,
+                properties_to_set=sink.properties_to_set(*ident) if stored is not None and lake_table else {},
             )
         )
     return findings

@@ -86,11 +86,15 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
     assert [(t.name, t.in_lake, t.key_columns, t.key_source, t.new_columns) for t in report.tables] == [
         ("inv.stock", True, ["code"], "keys", ["note"])
     ]
-    path.write_text(yaml.safe_dump(configured.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
+    # Table properties the existing lake table lacks: a run would set them.
+    feed = {"inv.*": {"delta.enableChangeDataFeed": "true"}}
+    with_properties = configured.model_copy(update={"table_properties": feed})
+    path.write_text(yaml.safe_dump(with_properties.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
     checked = CliRunner().invoke(app, ["check", str(path)])
     assert checked.exit_code == 0, checked.output
     assert "1 messages read from where the checkpoint goes on" in checked.output
     assert "every message read decodes" in checked.output
+    assert "inv/stock would get table properties delta.enableChangeDataFeed=true (table_properties)" in checked.output
 
     # The lake's owner adds CHECK constraints; the next message's row does not meet one: it would be a dead letter.
     # The other one reads cdclake's own columns, which no image holds: the rows a MERGE would write are checked, as a

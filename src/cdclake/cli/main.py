@@ -446,6 +446,9 @@ def check(
             out.print(f"{refused} events of {found.name} would be dead letters: {found.setting_problem}")
         if found.setting_warning:
             out.print(f"warning: {found.setting_warning}")
+        if found.properties_to_set:
+            changes = ", ".join(f"{key}={value}" for key, value in sorted(found.properties_to_set.items()))
+            out.print(f"lake table {found.lake_table} would get table properties {changes} (table_properties)")
         for constraint, count in found.unmet_constraints.items():
             out.print(
                 f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "

@@ -34,10 +34,6 @@ _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("delta.dataskippingnumindexedcols", "cdclake lists the columns with statistics itself"),
         ("delta.appendonly", "an append-only table refuses the MERGEs, deletes and truncates that cdclake applies"),
         (
-            "delta.feature.appendonly",
-            "an append-only table refuses the MERGEs, deletes and truncates that cdclake applies",
-        ),
-        (
             "delta.columnmapping.",
             "cdclake renames, drops and retypes columns by rewriting the table, which is not built for column mapping",
         ),

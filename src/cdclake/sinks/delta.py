@@ -721,7 +721,7 @@ class DeltaSink:
         self._awaiting_creation.discard(path)
         if self._exists(path):
             if path not in self._source_properties_checked:
-                self._reconcile_properties(path, plan, self._properties(path))
+                self._reconcile_properties(path, plan, self._stored_properties(path))
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
@@ -803,6 +803,18 @@ class DeltaSink:
     def user_properties(self, plan: TablePlan) -> dict[str, str]:
         """The properties that the ``table_properties`` setting gives the lake table of ``plan``'s source table."""
         return dict(self.table_properties.value_for(plan.database, plan.schema, plan.table) or {})
+
+    def properties_to_set(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
+        """The ``table_properties`` values that the source table's existing lake table lacks or has otherwise: what
+        the next run sets (:meth:`_reconcile_properties`; ``cdclake check`` reports them)."""
+        wanted = self.table_properties.value_for(database, schema, table)
+        if not wanted:
+            return {}
+        stored = self._stored_properties(self.table_path(database, schema, table))
+        return {k: v for k, v in wanted.items() if stored.get(k) != v}
+
+    def _stored_properties(self, path: str) -> dict[str, str]:
+        return self._properties(path)
 
     def _leave_to_first_write(self, path: str, plan: TablePlan) -> list[tuple[str, str]]:
         """Leaves the missing table at ``path`` to its first :meth:`merge` (``ensure_table``'s ``defer_creation``);

@@ -260,7 +260,7 @@ class IcebergSink(DeltaSink):
         self._awaiting_creation.discard(path)
         if self._user_table_exists(path):
             if path not in self._source_properties_checked:
-                self._reconcile_properties(path, plan, self._properties_of(path))
+                self._reconcile_properties(path, plan, self._stored_properties(path))
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
@@ -287,6 +287,9 @@ class IcebergSink(DeltaSink):
     def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
         """Iceberg takes any property; it checks the values of those it uses when it uses them."""
         return table_properties
+
+    def _stored_properties(self, path: str) -> dict[str, str]:
+        return self._properties_of(path)
 
     def _set_properties(self, path: str, properties: Mapping[str, str]) -> None:
         listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
