@@ -39,6 +39,7 @@ def test_yaml_scalars_become_the_text_a_property_holds() -> None:
         ("delta", "cdclake.keyColumns", "cdclake's own properties"),
         ("iceberg", "format-version", "format version 2"),
         ("iceberg", "write.delete.mode", "merge-on-read"),
+        ("iceberg", "delta.enableChangeDataFeed", "does nothing on an Iceberg table"),
     ],
 )
 def test_properties_cdclake_sets_or_that_would_stop_it_are_refused(table_format: str, key: str, hint: str) -> None:

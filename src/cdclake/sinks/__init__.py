@@ -20,7 +20,7 @@ TableProperties = Mapping[str, Mapping[str, str]]
 """Table name or pattern (as in cdclake.tables.PerTable) -> table properties of the lake tables it names."""
 
 _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    # (lower-cased key or prefix ending in "." -> why cdclake keeps it to itself, and what to use instead)
+    # (lower-cased key, or a prefix ending in ".", and why it cannot be set: what to use instead, if anything)
     "delta": (
         ("cdclake.", "cdclake's own properties record the source table and its key columns"),
         (
@@ -49,6 +49,7 @@ _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("write.merge.mode", "cdclake's Iceberg tables are merge-on-read, which its MERGEs are built for"),
         ("write.update.mode", "cdclake's Iceberg tables are merge-on-read, which its MERGEs are built for"),
         ("write.delete.mode", "cdclake's Iceberg tables are merge-on-read, which its MERGEs are built for"),
+        ("delta.", "a Delta table property does nothing on an Iceberg table"),
     ),
 }
 
@@ -59,8 +60,9 @@ _SPARK_RESERVED: Final = ("comment", "external", "is_managed_location", "locatio
 
 def check_table_properties(table_properties: TableProperties, table_format: TableFormat) -> None:
     """Raises :class:`ConfigError` for a table property that cdclake sets itself, or that would stop it applying
-    changes (``table_properties`` setting). Whether Delta knows a ``delta.*`` property and its value is checked with
-    a session, when a pipeline starts (:meth:`DeltaSink.check_table_properties`)."""
+    changes, or that does nothing in ``table_format`` (``table_properties`` setting). Whether Delta knows a
+    ``delta.*`` property and its value is checked with a session, when a sink is made
+    (:meth:`DeltaSink._known_properties`)."""
     for pattern, properties in table_properties.items():
         for key in properties:
             lowered = key.lower()
@@ -74,8 +76,7 @@ def check_table_properties(table_properties: TableProperties, table_format: Tabl
                 if lowered == managed or (managed.endswith(".") and lowered.startswith(managed)):
                     raise ConfigError(
                         f"table_properties.{pattern}.{key}",
-                        f"cdclake sets this property of {table_format} lake tables itself, or it would stop cdclake "
-                        f"applying changes: {reason}",
+                        f"not a property cdclake lets you set on {table_format} lake tables: {reason}",
                         "remove it from `table_properties`",
                     )
 
