@@ -60,7 +60,7 @@ def test_a_property_spark_keeps_for_its_catalog_is_refused() -> None:
     assert "Spark keeps this table property" in caught.value.problem
 
 
-def test_an_entry_without_properties_or_with_a_bad_pattern_is_refused() -> None:
+def test_an_entry_without_properties_or_not_a_mapping_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"table shop\.orders has no properties"):
         parse_config({**BASE, "table_properties": {"shop.orders": {}}})
     with pytest.raises(ConfigError) as caught:
