@@ -414,6 +414,15 @@ def source_properties(plan: TablePlan) -> dict[str, str]:
     }
 
 
+def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str, str]:
+    """The ``wanted`` properties that ``stored`` lacks or holds with another value. Delta matches ``delta.*`` keys in
+    any case, and spells them otherwise on the way in (``delta.feature.allowcolumndefaults``, once Delta has checked
+    it) than on the way out (``delta.feature.allowColumnDefaults``): compared exactly, such a key would be set again
+    by every run."""
+    spelt = {k.lower() if k.lower().startswith("delta.") else k: v for k, v in stored.items()}
+    return {k: v for k, v in wanted.items() if spelt.get(k.lower() if k.lower().startswith("delta.") else k) != v}
+
+
 def _already_exists(error: Exception) -> bool:
     """Whether ``error`` is Spark's refusal to create a table that its catalog finds there."""
     return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
@@ -756,7 +765,7 @@ class DeltaSink:
           too. Without them a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key
           columns.
         """
-        changed = {k: v for k, v in self.user_properties(plan).items() if stored.get(k) != v}
+        changed = _differing(self.user_properties(plan), stored)
         if changed:
             log.info("%s: table properties set from the table_properties setting: %s", path, sorted(changed))
         if "cdclake.source" not in stored:
@@ -810,8 +819,7 @@ class DeltaSink:
         wanted = self.table_properties.value_for(database, schema, table)
         if not wanted:
             return {}
-        stored = self._stored_properties(self.table_path(database, schema, table))
-        return {k: v for k, v in wanted.items() if stored.get(k) != v}
+        return _differing(wanted, self._stored_properties(self.table_path(database, schema, table)))
 
     def _stored_properties(self, path: str) -> dict[str, str]:
         return self._properties(path)
