@@ -116,7 +116,7 @@ def test_a_new_table_is_created_with_its_first_batchs_rows_in_one_snapshot(spark
         assert _operations(spark, path) == ["append"]
         # One metadata file: created with its snapshot (a CREATE TABLE and a MERGE would have written two).
         assert spark.read.format("iceberg").load(f"{path}#metadata_log_entries").count() == 1
-        properties = sink._properties_of(path)
+        properties = sink._properties(path)
         assert (properties["cdclake.source"], properties["cdclake.keyColumns"]) == (f"crm.{name}", "id")
         assert properties["write.merge.mode"] == "merge-on-read"
         table = spark.read.format("iceberg").load(path)

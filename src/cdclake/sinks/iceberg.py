@@ -260,7 +260,7 @@ class IcebergSink(DeltaSink):
         self._awaiting_creation.discard(path)
         if self._user_table_exists(path):
             if path not in self._source_properties_checked:
-                self._reconcile_properties(path, plan, self._stored_properties(path))
+                self._reconcile_properties(path, plan, self._properties(path))
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
@@ -287,9 +287,6 @@ class IcebergSink(DeltaSink):
     def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
         """Iceberg takes any property; it checks the values of those it uses when it uses them."""
         return table_properties
-
-    def _stored_properties(self, path: str) -> dict[str, str]:
-        return self._properties_of(path)
 
     def _set_properties(self, path: str, properties: Mapping[str, str]) -> None:
         listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
@@ -342,7 +339,8 @@ class IcebergSink(DeltaSink):
         frame = self.read(database, table, schema)
         return not frame.where(F.col(quote(column)).isNotNull()).isEmpty()
 
-    def _properties_of(self, path: str) -> dict[str, str]:
+    def _properties(self, path: str) -> dict[str, str]:
+        """The table properties of the Iceberg table at ``path``."""
         rows = self.spark.sql(f"SHOW TBLPROPERTIES {self._identifier_of(path)}").collect()
         return {row["key"]: row["value"] for row in rows}
 
@@ -352,7 +350,7 @@ class IcebergSink(DeltaSink):
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
-        recorded = self._properties_of(path).get(KEY_COLUMNS_PROPERTY, "")
+        recorded = self._properties(path).get(KEY_COLUMNS_PROPERTY, "")
         return [k for k in recorded.split(",") if k]
 
     def recorded_key_columns(self, database: str | None, schema: str | None, table: str) -> list[str] | None:
@@ -389,9 +387,7 @@ class IcebergSink(DeltaSink):
         set to ``key_columns`` if given): one snapshot. ``rows`` may read the table itself: Iceberg reads the snapshot
         that is current when the write plans, and the replace's commit does not change it."""
         properties = {
-            k: v
-            for k, v in self._properties_of(path).items()
-            if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
+            k: v for k, v in self._properties(path).items() if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
         }
         if key_columns is not None:
             properties[KEY_COLUMNS_PROPERTY] = key_columns
