@@ -149,8 +149,8 @@ def test_unreadable_and_invalid_yaml_files(tmp_path) -> None:
 
 
 def test_the_readme_examples_are_valid_configurations() -> None:
-    """The README's pipeline example, and each of its fragments (table properties, history) added to it, load as
-    they are documented."""
+    """The README's pipeline example, and each of its fragments (table properties, partitioning, history) added to
+    it, load as they are documented."""
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     pipeline, *fragments = (yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, re.S))
     config = parse_config(pipeline)
@@ -158,11 +158,14 @@ def test_the_readme_examples_are_valid_configurations() -> None:
     assert config.format_options == {"dts-canal-json": {"legacy_old_data_swap": "true"}}
     assert config.kafka.spark_options()["failOnDataLoss"] == "true"
     assert config.table_properties == {"shop.*": {"delta.enableChangeDataFeed": "true"}}
-    assert sorted(key for fragment in fragments for key in fragment) == ["history", "table_properties"]
+    assert config.partition_by == {"shop.orders": ["region"]}
+    fragment_keys = sorted(key for fragment in fragments for key in fragment)
+    assert fragment_keys == ["history", "partition_by", "table_properties"]
     with_fragments = [parse_config({**pipeline, **fragment}) for fragment in fragments]
     assert any(c.history.changelog is True for c in with_fragments)
     retention = {"delta.logRetentionDuration": "interval 60 days"}
     assert any(c.table_properties.get("*") == retention for c in with_fragments)
+    assert any(c.partition_by.get("logs.*") == ["event_date"] for c in with_fragments)
 
 
 def test_format_options_take_the_names_and_aliases_each_format_reads() -> None:

@@ -752,7 +752,7 @@ def test_a_table_created_beside_leftovers_and_killed_again_gets_its_properties_o
 
     table, frame, settings = _after_a_killed_creation(spark, tmp_path)
 
-    def killed_after_the_rows(self, path, rows, properties, marker):  # type: ignore[no-untyped-def]
+    def killed_after_the_rows(self, path, rows, properties, marker, partitioning):  # type: ignore[no-untyped-def]
         # The first of _create_beside_leftovers' two commits, as it makes it.
         delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
         rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)

@@ -28,6 +28,7 @@ from cdclake.runner import replay, settings_from_config
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink, Txn
 from cdclake.sinks.history import HistorySink
+from cdclake.sinks.partitioning import Partitioning
 from cdclake.sources import files
 from cdclake.tables import TableRoutes
 from cdclake.workload import Message, SourceHistory
@@ -394,11 +395,13 @@ def test_a_history_table_another_writer_creates_first_gets_the_rows_by_a_merge(
     created_first: list[str] = []
     create_with_rows = DeltaSink.create_with_rows
 
-    def after_another_writer(sink: DeltaSink, table: str, rows: DataFrame, properties: dict[str, str]) -> bool:
+    def after_another_writer(
+        sink: DeltaSink, table: str, rows: DataFrame, properties: dict[str, str], partitioning: Partitioning = ()
+    ) -> bool:
         if f"{lake}/_cdclake/" in table:  # a history table, not a lake table
             rows.write.format("delta").save(table)  # the same rows, as a run of the same batch would write them
             created_first.append(table)
-        return create_with_rows(sink, table, rows, properties)
+        return create_with_rows(sink, table, rows, properties, partitioning)
 
     monkeypatch.setattr(DeltaSink, "create_with_rows", after_another_writer)
     capture = files.read_file(spark, path, 0, "lines")

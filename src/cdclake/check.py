@@ -3,8 +3,9 @@
 Before a pipeline is started (or after its configuration changed), ``check`` answers what a first run would
 otherwise answer the hard way: can the brokers be read with these settings, does the configured format decode
 these topics, which source tables are in them, which of them land and in which lake table, what identifies their
-rows, which columns and ``table_properties`` values would be added to existing lake tables, and which rows would
-not meet a lake table's CHECK constraints.
+rows, which columns and ``table_properties`` values would be added to existing lake tables, where the partitioning
+of a lake table would not be the one ``partition_by`` gives, and which rows would not meet a lake table's CHECK
+constraints.
 
 It reads up to N messages from where the pipeline would go on (the offsets of the newest batch its checkpoint has
 committed, in the partitions it knows; for a new checkpoint, the earliest offsets of the configured topics) with
@@ -26,6 +27,8 @@ from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
 from cdclake.pipeline import Pipeline, sequence_by_problem, unknown_keys_problem
 from cdclake.runner import committed_offsets, settings_from_config
+from cdclake.sinks.delta import DeltaSink
+from cdclake.sinks.partitioning import described, missing_columns
 from cdclake.sources import kafka
 from cdclake.tables import PerTable
 
@@ -51,6 +54,9 @@ class TableFinding:
             the table does not have: it keeps the format's order), or None.
         properties_to_set: ``table_properties`` values that the existing lake table lacks or has otherwise (a run
             sets them).
+        partitioning_note: how the lake table's partitioning would differ from what ``partition_by`` gives: an
+            existing table partitioned otherwise (it keeps its partitioning), or a new table's partition columns
+            that the messages do not carry (it would be created without them); None when it would not.
     """
 
     name: str
@@ -65,6 +71,7 @@ class TableFinding:
     setting_problem: str | None = None
     setting_warning: str | None = None
     properties_to_set: dict[str, str] = field(default_factory=dict)
+    partitioning_note: str | None = None
 
     @property
     def refused_by_setting(self) -> int:
@@ -207,9 +214,38 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 setting_problem=key_problem or (unordered.text if unordered and not unordered.warning_only else None),
                 setting_warning=unordered.text if unordered and unordered.warning_only else None,
                 properties_to_set=sink.properties_to_set(*ident) if stored is not None and lake_table else {},
+                partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
             )
         )
     return findings
+
+
+def _partitioning_note(
+    sink: DeltaSink,
+    ident: tuple[str | None, str | None, str],
+    stored: Sequence[tuple[str, str]] | None,
+    columns: Sequence[str],
+) -> str | None:
+    """``TableFinding.partitioning_note`` of a landing table with lake columns ``stored`` (None: not in the lake
+    yet) and ``columns`` (the lake table's and the messages' new ones)."""
+    wanted = sink.partition_by.value_for(*ident)
+    if not wanted:
+        return None
+    if stored is None:
+        absent = missing_columns(wanted, columns)
+        if not absent:
+            return None
+        return (
+            f"partition_by gives {described(wanted)}, but the messages carry no column {', '.join(absent)}: the lake "
+            "table would be created without it"
+        )
+    has = sink.partitioning(*ident)
+    if described(has).lower() == described(wanted).lower():
+        return None
+    return (
+        f"the lake table is partitioned by {described(has)}, partition_by gives {described(wanted)}: an existing "
+        "table keeps its partitioning (recreate it to change it)"
+    )
 
 
 def _unmet(

@@ -35,6 +35,7 @@ Example::
     deletion_vectors: auto                         # auto | always | never (README: Deletion vectors)
     table_format: delta                            # delta | iceberg (README: Iceberg lake tables)
     table_properties: {"shop.*": {delta.enableChangeDataFeed: true}}   # lake tables' own properties (README)
+    partition_by: {shop.orders: [region]}          # partitioning of the lake tables cdclake creates (README)
     iceberg_catalog: glue                          # iceberg: a Spark catalog of the session (default: at `lake`)
 """
 
@@ -91,6 +92,8 @@ FIXES: dict[str, str] = {
     "table_format": "use `delta` (default) or `iceberg`",
     "table_properties": "map `db.table` (or `table`, or a pattern such as `shop.*`) to the lake table's properties, "
     'e.g. `table_properties: {"shop.*": {delta.enableChangeDataFeed: true}}`',
+    "partition_by": "map `db.table` (or `table`, or a pattern such as `shop.*`) to a list of partition columns, e.g. "
+    "`partition_by: {shop.orders: [region]}` (Iceberg also takes `days(created_at)`, `bucket(16, id)`...)",
     "iceberg_catalog": "name a Spark catalog that the session configures (`spark.sql.catalog.<name>`), "
     "or leave it out for an Iceberg catalog at `lake`",
     "transactions": (
@@ -332,6 +335,7 @@ class PipelineConfig(_Strict):
     table_format: Literal["delta", "iceberg"] = "delta"
     iceberg_catalog: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     table_properties: dict[str, dict[str, str]] = Field(default_factory=dict)
+    partition_by: dict[str, list[str]] = Field(default_factory=dict)
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
@@ -371,6 +375,19 @@ class PipelineConfig(_Strict):
         for table, properties in value.items():
             if not properties:
                 raise ValueError(f"table {table} has no properties")
+        return _checked_names(value)
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _one_or_more_fields(cls, value: Any) -> Any:
+        # `partition_by: {shop.orders: region}` for a single column.
+        if not isinstance(value, dict):
+            return value
+        return {table: [fields] if isinstance(fields, str) else fields for table, fields in value.items()}
+
+    @field_validator("partition_by")
+    @classmethod
+    def _partition_tables(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         return _checked_names(value)
 
     @model_validator(mode="after")
@@ -454,6 +471,9 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     from cdclake.sinks import check_table_properties
 
     check_table_properties(config.table_properties, config.table_format)
+    from cdclake.sinks.partitioning import check_partition_by
+
+    check_partition_by(config.partition_by, config.table_format)
     return config
 
 

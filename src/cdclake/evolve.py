@@ -443,8 +443,12 @@ class SchemaEvolution:
                     f"column {name} is a key column of the lake table; dropping it would merge rows"
                 )
             kept = [(n, F.col(quote(n))) for n, _ in columns if n != name]
+            # The rewrite keeps the table's other partition fields: a column the source no longer has cannot
+            # partition its rows.
+            partitioned = [str(f) for f in sink.partitioning(*ident) if f.column.lower() == name.lower()]
             sink.rewrite(*ident, kept, txn, key_columns=keys)
-            return f"applied: column {name} dropped"
+            unpartitioned = f"; the table is no longer partitioned by {', '.join(partitioned)}" if partitioned else ""
+            return f"applied: column {name} dropped{unpartitioned}"
         if new_name != name and new_name.lower() in by_lower:
             raise _IncompatibleChangeError(
                 f"cannot rename {name} to {new_name}: the lake table has a column {new_name}"
@@ -466,7 +470,8 @@ class SchemaEvolution:
         retyped = _retyped(name, new_type, valueless)
         rewritten = [(new_name, retyped) if n == name else (n, F.col(quote(n))) for n, _ in columns]
         new_keys = [new_name if k.lower() == name.lower() else k for k in keys]
-        sink.rewrite(*ident, rewritten, txn, key_columns=new_keys)
+        renamed = {name: new_name} if new_name != name else None
+        sink.rewrite(*ident, rewritten, txn, key_columns=new_keys, renamed=renamed)
         done = []
         if new_name != name:
             done.append(f"column {name} renamed to {new_name}")

@@ -64,6 +64,7 @@ from cdclake.formats.base import (
 from cdclake.model import Op
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
+from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.spark import (
     is_local_checkpoint,
     local_frame,
@@ -170,6 +171,9 @@ class PipelineSettings:
         table_properties: table name or pattern -> the properties of its lake table (``delta.*`` ones, Iceberg's,
             or the lake owner's own), set when the table is created and when an existing one has other values (see
             cdclake.sinks.lake_sink).
+        partition_by: table name or pattern -> the partition fields of the lake table cdclake creates for it
+            (columns; for Iceberg also transforms such as ``days(created_at)``; see cdclake.sinks.partitioning).
+            Existing tables keep their partitioning.
     """
 
     lake: str
@@ -199,10 +203,12 @@ class PipelineSettings:
     table_format: TableFormat = "delta"
     iceberg_catalog: str | None = None
     table_properties: TableProperties = field(default_factory=dict)
+    partition_by: PartitionBy = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_options(self.format_options)
         check_table_properties(self.table_properties, self.table_format)
+        check_partition_by(self.partition_by, self.table_format)
 
 
 @dataclass
@@ -293,6 +299,7 @@ class Pipeline:
             iceberg_catalog=settings.iceberg_catalog,
             routes=settings.routes,
             table_properties=settings.table_properties,
+            partition_by=settings.partition_by,
         )
         self.history = history.HistorySink(self.sink)
         self.merge_threads = max(1, settings.merge_threads)

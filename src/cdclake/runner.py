@@ -20,6 +20,7 @@ from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, Pipeli
 from cdclake.sinks import TableFormat, TableProperties
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
+from cdclake.sinks.partitioning import PartitionBy
 from cdclake.sources import files, kafka
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
 
@@ -166,6 +167,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         table_format=config.table_format,
         iceberg_catalog=config.iceberg_catalog,
         table_properties={table: dict(properties) for table, properties in config.table_properties.items()},
+        partition_by={table: list(fields) for table, fields in config.partition_by.items()},
     )
 
 
@@ -244,6 +246,7 @@ def replay(
     table_format: TableFormat = "delta",
     iceberg_catalog: str | None = None,
     table_properties: TableProperties | None = None,
+    partition_by: PartitionBy | None = None,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
 
@@ -253,7 +256,8 @@ def replay(
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
-    cdclake.sinks.iceberg); ``table_properties``: the lake tables' own properties (see cdclake.sinks.lake_sink).
+    cdclake.sinks.iceberg); ``table_properties``: the lake tables' own properties, ``partition_by`` the partitioning of
+    those it creates (see cdclake.sinks.lake_sink).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
@@ -279,6 +283,7 @@ def replay(
         table_format=table_format,
         iceberg_catalog=iceberg_catalog,
         table_properties=dict(table_properties or {}),
+        partition_by={table: list(fields) for table, fields in (partition_by or {}).items()},
     )
     return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
 

@@ -60,6 +60,13 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
         ("inv.tmp_stock", {"INSERT": 1}, "excluded", None, False, "none"),
     ]
     assert not lake.exists()  # nothing written: no lake, no checkpoint
+    # A partition column the messages do not carry: the new lake table would be created without it.
+    partitioned = config.model_copy(update={"partition_by": {"inv.stock": ["warehouse"]}})
+    assert [t.partitioning_note for t in check_pipeline(spark, partitioned).tables] == [
+        "partition_by gives (warehouse), but the messages carry no column warehouse: the lake table would be created "
+        "without it",
+        None,
+    ]
 
     # The CLI: the messages that would be dead letters make it exit 1; a key-less table gets a hint.
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -86,15 +93,19 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
     assert [(t.name, t.in_lake, t.key_columns, t.key_source, t.new_columns) for t in report.tables] == [
         ("inv.stock", True, ["code"], "keys", ["note"])
     ]
-    # Table properties the existing lake table lacks: a run would set them.
+    # Table properties the existing lake table lacks: a run would set them. Its partitioning stays as it is.
     feed = {"inv.*": {"delta.enableChangeDataFeed": "true"}}
-    with_properties = configured.model_copy(update={"table_properties": feed})
+    with_properties = configured.model_copy(update={"table_properties": feed, "partition_by": {"inv.*": ["code"]}})
     path.write_text(yaml.safe_dump(with_properties.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
     checked = CliRunner().invoke(app, ["check", str(path)])
     assert checked.exit_code == 0, checked.output
     assert "1 messages read from where the checkpoint goes on" in checked.output
     assert "every message read decodes" in checked.output
     assert "inv/stock would get table properties delta.enableChangeDataFeed=true (table_properties)" in checked.output
+    assert (
+        "inv.stock: the lake table is partitioned by (none), partition_by gives (code): an existing table keeps its "
+        "partitioning (recreate it to change it)"
+    ) in " ".join(checked.output.split())
 
     # The lake's owner adds CHECK constraints; the next message's row does not meet one: it would be a dead letter.
     # The other one reads cdclake's own columns, which no image holds: the rows a MERGE would write are checked, as a

@@ -10,6 +10,7 @@ import base64
 import inspect
 import logging
 import os
+import re
 import sys
 from dataclasses import replace
 from datetime import datetime
@@ -74,6 +75,21 @@ def _parse_sequence_by(values: list[str]) -> dict[str, str]:
             raise InputError(f"--sequence-by {value!r}: expected db.table=column, e.g. shop.orders=version")
         pairs[_table_name("--sequence-by", table.strip())] = column.strip()
     return pairs
+
+
+def _parse_partition_by(values: list[str]) -> dict[str, list[str]]:
+    partition_by: dict[str, list[str]] = {}
+    for value in values:
+        table, sep, fields = value.partition("=")
+        # A comma inside parentheses belongs to a transform: bucket(16, id).
+        names = [f.strip() for f in re.split(r",(?![^(]*\))", fields) if f.strip()]
+        if not sep or not table.strip() or not names:
+            raise InputError(
+                f"--partition-by {value!r}: expected db.table=col1,col2 (the table may be a pattern; Iceberg also "
+                "takes transforms: shop.orders=days(created_at))"
+            )
+        partition_by[_table_name("--partition-by", table.strip())] = names
+    return partition_by
 
 
 def _table_name(option: str, name: str) -> str:
@@ -240,6 +256,13 @@ def replay(
         list[str] | None,
         typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
     ] = None,
+    partition_by: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Partition the lake table cdclake creates for a table: db.table=c1,c2 (Iceberg also takes "
+            "transforms: days(c), bucket(16, c)...)."
+        ),
+    ] = None,
     changelog: Annotated[
         list[str] | None,
         typer.Option(help="Keep a changelog table for this table (db.table), or `all`; repeatable."),
@@ -272,6 +295,7 @@ def replay(
     tables = _table_filter(include_table or [], exclude_table or [])
     routes = _table_routes(route or [])
     sequence_map = _parse_sequence_by(sequence_by or [])
+    partition_map = _parse_partition_by(partition_by or [])
     if format_name not in (None, "auto"):
         get_format(format_name)
     check_files(files)
@@ -283,6 +307,7 @@ def replay(
         "--online-schema-change": online_schema_change,
         "--transaction-consistent": transaction_consistent,
         "--sequence-by": bool(sequence_by),
+        "--partition-by": bool(partition_by),
         "--changelog": bool(changelog),
         "--scd2": bool(scd2),
         "--deletion-vectors": deletion_vectors is not None,
@@ -302,6 +327,7 @@ def replay(
         if deletion_vectors not in (None, "auto", "always", "never"):
             raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
         _check_table_format(table_format or "delta", iceberg_catalog)
+        _check_partition_by(partition_map, table_format or "delta")
     if format_name == "auto":
         from cdclake.detect import detect_format, sample_lines
 
@@ -345,6 +371,7 @@ def replay(
                 transaction_consistent=transaction_consistent,
                 format_options=format_options,
                 sequence_by=sequence_map,
+                partition_by=partition_map,
                 changelog=_table_selection(changelog or []),
                 scd2=_table_selection(scd2 or []),
                 deletion_vectors=deletion_vectors or "auto",  # type: ignore[arg-type]
@@ -449,6 +476,8 @@ def check(
         if found.properties_to_set:
             changes = ", ".join(f"{key}={value}" for key, value in sorted(found.properties_to_set.items()))
             out.print(f"lake table {found.lake_table} would get table properties {changes} (table_properties)")
+        if found.partitioning_note:
+            out.print(f"{found.name}: {found.partitioning_note}")
         for constraint, count in found.unmet_constraints.items():
             out.print(
                 f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "
@@ -584,6 +613,16 @@ def _check_table_format(table_format: str, iceberg_catalog: str | None) -> None:
         raise InputError(f"--table-format must be 'delta' or 'iceberg', not {table_format!r}")
     if iceberg_catalog is not None and table_format != "iceberg":
         raise InputError("--iceberg-catalog is only used with --table-format iceberg")
+
+
+def _check_partition_by(partition_by: dict[str, list[str]], table_format: str) -> None:
+    from cdclake.sinks.partitioning import check_partition_by
+
+    try:
+        check_partition_by(partition_by, table_format)
+    except ConfigError as exc:
+        table = exc.key.removeprefix("partition_by.")
+        raise InputError(f"--partition-by {table}: {exc.problem}; {exc.fix}") from None
 
 
 @dlq_app.command("replay")

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from cdclake.exceptions import ConfigError
 from cdclake.sinks.delta import DeletionVectors, DeltaSink
+from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.tables import PerTable, TableRoutes
 
 TableFormat = Literal["delta", "iceberg"]
@@ -90,6 +91,7 @@ def lake_sink(
     iceberg_catalog: str | None = None,
     routes: TableRoutes | None = None,
     table_properties: TableProperties | None = None,
+    partition_by: PartitionBy | None = None,
 ) -> DeltaSink:
     """The sink of a lake whose tables are in ``table_format``.
 
@@ -103,13 +105,17 @@ def lake_sink(
             and, once per table and process, on a table that has other values (:meth:`DeltaSink.ensure_table`);
             the most specific entry wins, as for ``keys``. Checked here (:func:`check_table_properties`; a Delta
             sink also asks Delta whether it knows each ``delta.*`` property and its value).
+        partition_by: table name or pattern -> partition fields of the lake tables cdclake creates (column names;
+            for Iceberg also transforms such as ``days(created_at)``; :mod:`cdclake.sinks.partitioning`); the most
+            specific entry wins. Checked here (:func:`~cdclake.sinks.partitioning.check_partition_by`).
     """
     if table_format not in TABLE_FORMATS:
         raise ValueError(f"table_format must be one of {', '.join(TABLE_FORMATS)}, not {table_format!r}")
     check_table_properties(table_properties or {}, table_format)
     per_table = PerTable.of({pattern: dict(values) for pattern, values in (table_properties or {}).items()})
+    partitioning = PerTable.of(check_partition_by(partition_by or {}, table_format))
     if table_format == "iceberg":
         from cdclake.sinks.iceberg import IcebergSink
 
-        return IcebergSink(spark, lake, iceberg_catalog, routes, per_table)
-    return DeltaSink(spark, lake, deletion_vectors, routes, per_table)
+        return IcebergSink(spark, lake, iceberg_catalog, routes, per_table, partitioning)
+    return DeltaSink(spark, lake, deletion_vectors, routes, per_table, partitioning)

@@ -38,7 +38,7 @@ from delta.tables import DeltaTable
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
@@ -46,6 +46,7 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
+from cdclake.sinks.partitioning import PartitionField, Partitioning, described, missing_columns, on_columns
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import PerTable, TableRoutes
 
@@ -141,11 +142,15 @@ def _pruned_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[st
     return list(key_columns) or [name for name, _ in columns][:KEYLESS_STATS_COLUMNS]
 
 
-def _stats_columns(columns: Sequence[tuple[str, str]], key_columns: Sequence[str]) -> list[str]:
+def _stats_columns(
+    columns: Sequence[tuple[str, str]], key_columns: Sequence[str], partitioning: Partitioning = ()
+) -> list[str]:
     """``delta.dataSkippingStatsColumns`` for MERGE file pruning: the :func:`_pruned_columns` that have min/max
-    statistics, plus the position."""
+    statistics, plus the position. Not the table's partition columns: Delta refuses them in the list
+    (DELTA_COLUMN_DATA_SKIPPING_NOT_SUPPORTED_PARTITIONED_COLUMN), and prunes by their values anyway."""
     types = {name.lower(): spark_type for name, spark_type in columns}
-    matched = _pruned_columns(columns, key_columns)
+    partition_columns = {field.column.lower() for field in partitioning}
+    matched = [k for k in _pruned_columns(columns, key_columns) if k.lower() not in partition_columns]
     return [quote(k) for k in matched if _has_statistics(types.get(k.lower()))] + [POSITION_COLUMN]
 
 
@@ -427,6 +432,12 @@ def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str
     return {k: v for k, v in wanted.items() if held.get(folded(k)) != v}
 
 
+def _partitioned(writer: DataFrameWriter, partitioning: Partitioning) -> DataFrameWriter:
+    """``writer`` (Delta's path writer) partitioned by the identity fields ``partitioning``. An overwrite that
+    changes the schema (``overwriteSchema``) sets the table's partitioning too: to none unless it is given."""
+    return writer.partitionBy(*(field.column for field in partitioning)) if partitioning else writer
+
+
 def _already_exists(error: Exception) -> bool:
     """Whether ``error`` is Spark's refusal to create a table that its catalog finds there."""
     return isinstance(error, AnalysisException) and "ALREADY_EXISTS" in str(error.getCondition() or "")
@@ -490,6 +501,9 @@ class DeltaSink:
             setting, checked by ``cdclake.sinks.check_table_properties``): set when a table is created, and on an
             existing table whose values differ (:meth:`_reconcile_properties`). A property left out of the setting
             later is left as the table has it.
+        partition_by: the partitioning of the lake tables cdclake creates, per source table name or pattern
+            (``partition_by`` setting, parsed by ``cdclake.sinks.partitioning.check_partition_by``). An existing
+            table keeps its own; rewrites keep it (:meth:`rewrite`).
     """
 
     DELETION_VECTORS_REWRITE_BYTES: int = 4 * 1024 * 1024
@@ -512,6 +526,8 @@ class DeltaSink:
     every mode, the same MERGE also makes :meth:`key_ranges_pay` read the table's size again (:meth:`merged`)."""
     DELETION_VECTORS_RECENT_COMMITS: int = 10
     """``auto``: how many of a table's newest commits are looked at (its MERGEs among them)."""
+    TABLE_FORMAT: str = "delta"
+    """The format of the lake tables (the ``table_format`` setting)."""
     CONFLICT_ATTEMPTS: int = 5
     """How often a MERGE, truncate or rewrite is tried when another writer's commit conflicts with it (Delta's
     ``ConcurrentModificationException``s: an OPTIMIZE, a DELETE by hand, a ``dlq replay`` beside ``run``), waiting
@@ -524,6 +540,7 @@ class DeltaSink:
         deletion_vectors: DeletionVectors = "auto",
         routes: TableRoutes | None = None,
         table_properties: PerTable[dict[str, str]] | None = None,
+        partition_by: PerTable[Partitioning] | None = None,
     ) -> None:
         if deletion_vectors not in DELETION_VECTOR_MODES:
             raise ValueError(f"deletion_vectors must be one of {', '.join(DELETION_VECTOR_MODES)}")
@@ -533,6 +550,7 @@ class DeltaSink:
         self.deletion_vectors = deletion_vectors
         self.routes = routes or TableRoutes()
         self.table_properties = self._known_properties(table_properties or PerTable())
+        self.partition_by = partition_by or PerTable()
         # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
         self._columns: dict[str, list[tuple[str, str]]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
@@ -743,8 +761,11 @@ class DeltaSink:
                 for name, spark_type in [*plan.columns, *METADATA_COLUMNS]
             ]
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(StructType(fields))
-            for name, value in self._creation_properties(plan).items():
+            partitioning = self.creation_partitioning(plan, plan.columns)
+            for name, value in self._creation_properties(plan, partitioning).items():
                 builder = builder.property(name, value)
+            if partitioning:
+                builder = builder.partitionedBy(*(field.column for field in partitioning))
             builder.execute()
         self._source_properties_checked.add(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
@@ -831,16 +852,51 @@ class DeltaSink:
         self._awaiting_creation.add(path)
         return [(name, _parse_datatype_string(spark_type).simpleString()) for name, spark_type in plan.columns]
 
-    def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
-        """The table properties of a lake table cdclake creates for ``plan``."""
+    def _creation_properties(self, plan: TablePlan, partitioning: Partitioning = ()) -> dict[str, str]:
+        """The table properties of a lake table cdclake creates for ``plan``, partitioned by ``partitioning``."""
         return {
             **TABLE_PROPERTIES,
             **self.user_properties(plan),
             **source_properties(plan),
             # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
-            "delta.dataSkippingStatsColumns": ",".join(self._stats_columns(plan)),
+            "delta.dataSkippingStatsColumns": ",".join(self._stats_columns(plan, partitioning)),
             ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
         }
+
+    def creation_partitioning(self, plan: TablePlan, columns: Sequence[tuple[str, str]]) -> Partitioning:
+        """The partitioning that the ``partition_by`` setting gives the lake table cdclake creates for ``plan``'s
+        source table with user ``columns`` (name, Spark type), each column spelt as the table spells it. A field whose
+        column the table lacks, or whose transform does not apply to the column's type, is left out with a warning
+        (``cdclake check`` names them before a run): the table is still created, and its rows land."""
+        wanted = self.partition_by.value_for(plan.database, plan.schema, plan.table) or ()
+        if not wanted:
+            return ()
+        names = [name for name, _ in columns]
+        problems = [f"no column {name}" for name in missing_columns(wanted, names)]
+        types = {name.lower(): _parse_datatype_string(spark_type).simpleString() for name, spark_type in columns}
+        usable = []
+        for partition in on_columns(wanted, names):
+            problem = partition.problem_with(types[partition.column.lower()], self.TABLE_FORMAT)
+            if problem is None:
+                usable.append(partition)
+            else:
+                problems.append(problem)
+        if problems:
+            log.warning(
+                "%s: partition_by gives %s; the table is created without the fields that cannot be: %s",
+                self.table_path(plan.database, plan.schema, plan.table),
+                described(wanted),
+                "; ".join(problems),
+            )
+        return tuple(usable)
+
+    def partitioning(self, database: str | None, schema: str | None, table: str) -> Partitioning:
+        """The partition fields of an existing lake table (none for an unpartitioned one)."""
+        return self._partitioning(self.table_path(database, schema, table))
+
+    def _partitioning(self, path: str) -> Partitioning:
+        row = DeltaTable.forPath(self.spark, path).detail().select("partitionColumns").first()
+        return tuple(PartitionField(name) for name in (row[0] if row is not None else None) or [])
 
     def awaits_creation(self, plan: TablePlan) -> bool:
         """Whether ``ensure_table(plan, defer_creation=True)`` left the plan's table to its first :meth:`merge`."""
@@ -874,33 +930,44 @@ class DeltaSink:
         columns: Sequence[tuple[str, Column]],
         txn: Txn | None,
         key_columns: Sequence[str] | None = None,
+        renamed: Mapping[str, str] | None = None,
     ) -> None:
         """Rewrites a table with new user columns (``name``, expression over the current row), keeping cdclake's
-        columns: the one way to drop, rename or retype a column that every Delta reader understands (no column
-        mapping or type-widening table features). Costs a full rewrite; schema changes are rare."""
+        columns and the table's partitioning (a ``renamed`` column's fields, old -> new name, under its new name; a
+        dropped column's fields left out): the one way to drop, rename or retype a column that every Delta reader
+        understands (no column mapping or type-widening table features). Costs a full rewrite; schema changes are
+        rare."""
         path = self.table_path(database, schema, table)
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
+        current = self._partitioning(path)
+        partitioning = on_columns(current, [name for name, _ in columns], renamed)
 
         def save() -> None:
             # Read anew on every attempt: after a conflict, the rows are the other writer's.
             rows = self.spark.read.format("delta").load(path).select(*selected)
-            writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            writer = _partitioned(rows.write.format("delta").mode("overwrite"), partitioning)
+            writer = writer.option("overwriteSchema", "true")
             if txn is not None:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
             writer.save(path)
 
         new_schema = self.spark.read.format("delta").load(path).select(*selected).schema
-        self._unlist_statistics_of_changed(database, schema, table, new_schema)
+        self._unlist_statistics_of_changed(database, schema, table, new_schema, current)
         self._committing(path, "rewrite", save)
         self._columns.pop(path, None)
         if key_columns is not None:
             rewritten = self.columns(database, schema, table) or []
             names = {name.lower() for name, _ in rewritten}
             keys = [k for k in key_columns if k.lower() in names]
-            self._set_statistics_columns(path, rewritten, keys, record_keys=True)
+            self._set_statistics_columns(path, rewritten, keys, partitioning, record_keys=True)
 
     def _unlist_statistics_of_changed(
-        self, database: str | None, schema: str | None, table: str, new_schema: StructType
+        self,
+        database: str | None,
+        schema: str | None,
+        table: str,
+        new_schema: StructType,
+        partitioning: Partitioning,
     ) -> None:
         """Takes the columns that a rewrite drops, renames, or gives a type without min/max statistics (e.g. string
         -> binary) out of ``delta.dataSkippingStatsColumns`` first: Delta refuses to write a table whose list names a
@@ -919,14 +986,22 @@ class DeltaSink:
             return
         kept = [(name, spark_type) for name, spark_type in stored if name.lower() not in losing]
         keys = [k for k in self.key_columns(database, schema, table) if k.lower() not in losing]
-        self._set_statistics_columns(self.table_path(database, schema, table), kept, keys, record_keys=False)
+        path = self.table_path(database, schema, table)
+        self._set_statistics_columns(path, kept, keys, partitioning, record_keys=False)
 
     def _set_statistics_columns(
-        self, path: str, columns: Sequence[tuple[str, str]], keys: Sequence[str], *, record_keys: bool
+        self,
+        path: str,
+        columns: Sequence[tuple[str, str]],
+        keys: Sequence[str],
+        partitioning: Partitioning,
+        *,
+        record_keys: bool,
     ) -> None:
-        """Sets ``delta.dataSkippingStatsColumns`` for ``columns`` (see :func:`_stats_columns`) and, with
-        ``record_keys``, the recorded key columns (``cdclake.keyColumns``)."""
-        properties = [f"'delta.dataSkippingStatsColumns' = {sql_string(','.join(_stats_columns(columns, keys)))}"]
+        """Sets ``delta.dataSkippingStatsColumns`` for ``columns`` of a table partitioned by ``partitioning`` (see
+        :func:`_stats_columns`) and, with ``record_keys``, the recorded key columns (``cdclake.keyColumns``)."""
+        listed = ",".join(_stats_columns(columns, keys, partitioning))
+        properties = [f"'delta.dataSkippingStatsColumns' = {sql_string(listed)}"]
         if record_keys:
             properties.insert(0, f"{sql_string(KEY_COLUMNS_PROPERTY)} = {sql_string(','.join(keys))}")
         self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
@@ -970,7 +1045,9 @@ class DeltaSink:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
         rows = self.spark.read.format("delta").load(self.table_path(*source))
         target_path = self.table_path(*target)
-        writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        # The target keeps its partitioning (created for the new name: ensure_table).
+        kept = on_columns(self._partitioning(target_path), rows.columns)
+        writer = _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
         self._committing(target_path, "copy", lambda: writer.save(target_path))
@@ -1011,11 +1088,11 @@ class DeltaSink:
         self._add_columns(self.table_path(database, schema, table), columns)
 
     @staticmethod
-    def _stats_columns(plan: TablePlan) -> list[str]:
+    def _stats_columns(plan: TablePlan, partitioning: Partitioning = ()) -> list[str]:
         """Key columns with min/max statistics (Delta keeps none for binary or boolean), plus the position. A table
         without key columns is matched on every column, so it keeps statistics on all of them (up to Delta's limit
-        of 32 indexed columns)."""
-        return _stats_columns(plan.columns, plan.key_columns)
+        of 32 indexed columns). Partition columns have none (:func:`_stats_columns`)."""
+        return _stats_columns(plan.columns, plan.key_columns, partitioning)
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
         """Deletes every row written before the plan's TRUNCATE."""
@@ -1108,21 +1185,28 @@ class DeltaSink:
         schema = StructType(
             [StructField(name, _parse_datatype_string(spark_type)) for name, spark_type in [*stored, *METADATA_COLUMNS]]
         )
-        if not self.create_with_rows(path, inserted_rows(statement, schema), self._creation_properties(plan)):
+        partitioning = self.creation_partitioning(plan, stored)
+        rows, properties = inserted_rows(statement, schema), self._creation_properties(plan, partitioning)
+        if not self.create_with_rows(path, rows, properties, partitioning):
             return False
         self._columns[path] = stored
         self._source_properties_checked.add(path)
         return True
 
-    def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
-        """Creates the table at ``path`` holding ``rows``, with ``properties``: one commit, marked with the enclosing
-        :meth:`idempotent` block's marker. False, having changed nothing, when the table exists by then."""
+    def create_with_rows(
+        self, path: str, rows: DataFrame, properties: Mapping[str, str], partitioning: Partitioning = ()
+    ) -> bool:
+        """Creates the table at ``path`` holding ``rows``, with ``properties`` and ``partitioning``: one commit,
+        marked with the enclosing :meth:`idempotent` block's marker. False, having changed nothing, when the table
+        exists by then."""
         app_id = self.spark.conf.get(TXN_APP_ID, None)
         # The marker of the enclosing idempotent() block, as options of the write (as append() does).
         marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
         writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
+        if partitioning:
+            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
         try:
             writer.create()
         except (Py4JJavaError, CapturedException) as exc:
@@ -1131,11 +1215,16 @@ class DeltaSink:
             if self._exists(path):
                 log.info("%s was created by another writer meanwhile: its rows go in by a MERGE", path)
                 return False
-            self._create_beside_leftovers(path, rows, properties, marker)
+            self._create_beside_leftovers(path, rows, properties, marker, partitioning)
         return True
 
     def _create_beside_leftovers(
-        self, path: str, rows: DataFrame, properties: Mapping[str, str], marker: Mapping[str, str]
+        self,
+        path: str,
+        rows: DataFrame,
+        properties: Mapping[str, str],
+        marker: Mapping[str, str],
+        partitioning: Partitioning,
     ) -> None:
         """Creates the table at ``path`` with ``rows`` where files but no Delta table are: a creation with rows that
         was killed before its commit left its data files, and Spark's catalog then holds the path for a table that
@@ -1145,7 +1234,8 @@ class DeltaSink:
         instead would not be safe: they may be another writer's, about to commit."""
         log.warning("%s holds files but no Delta table (a write killed before its commit): created beside them", path)
         delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
-        rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker).save(path)
+        writer = rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker)
+        _partitioned(writer, partitioning).save(path)
         self._set_properties(path, {k: v for k, v in properties.items() if k not in delta_properties})
 
     def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
@@ -1288,8 +1378,10 @@ class DeltaSink:
                 raise
 
     def replace_rows(self, path: str, rows: DataFrame) -> None:
-        """Replaces the table at ``path`` with ``rows`` and their schema, keeping its properties: one commit."""
-        rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        """Replaces the table at ``path`` with ``rows`` and their schema, keeping its properties and partitioning: one
+        commit."""
+        kept = on_columns(self._partitioning(path), rows.columns)
+        _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true").save(path)
 
     # ---------------------------------------------------------------------------------------------------------
     # Maintenance (cdclake.maintain)

@@ -58,6 +58,7 @@ from cdclake.sinks.delta import (
     source_properties,
     sql_string,
 )
+from cdclake.sinks.partitioning import Partitioning, from_iceberg, on_columns
 from cdclake.spark import in_session
 from cdclake.tables import PerTable, TableRoutes
 
@@ -113,6 +114,7 @@ class IcebergSink(DeltaSink):
             ``lake`` (registered in the session under ``cdclake_<hash of lake>``).
     """
 
+    TABLE_FORMAT: str = "iceberg"
     COMPACT_EVERY: int = 50
     """A table's data files are rewritten, deletes applied, after a MERGE once it has this many commits since its
     last rewrite on average (:meth:`compact_after`), counted on its snapshots by any writer and run (the count Delta's
@@ -125,8 +127,16 @@ class IcebergSink(DeltaSink):
         catalog: str | None = None,
         routes: TableRoutes | None = None,
         table_properties: PerTable[dict[str, str]] | None = None,
+        partition_by: PerTable[Partitioning] | None = None,
     ) -> None:
-        super().__init__(spark, lake, deletion_vectors="never", routes=routes, table_properties=table_properties)
+        super().__init__(
+            spark,
+            lake,
+            deletion_vectors="never",
+            routes=routes,
+            table_properties=table_properties,
+            partition_by=partition_by,
+        )
         if catalog is None:
             catalog = "cdclake_" + hashlib.sha1(self.lake.encode("utf-8")).hexdigest()[:12]
             prefix = f"spark.sql.catalog.{catalog}"
@@ -269,7 +279,13 @@ class IcebergSink(DeltaSink):
             listed = _column_list([*plan.columns, *METADATA_COLUMNS])
             props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in self._creation_properties(plan).items())
             identifier = self._identifier_of(path)
-            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg TBLPROPERTIES ({props})")
+            partitioning = self.creation_partitioning(plan, plan.columns)
+            partitioned = (
+                f" PARTITIONED BY ({', '.join(field.sql(quote) for field in partitioning)})" if partitioning else ""
+            )
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg{partitioned} TBLPROPERTIES ({props})"
+            )
         self._source_properties_checked.add(path)
         self._columns.pop(path, None)
         stored = self.columns(plan.database, plan.schema, plan.table) or []
@@ -280,8 +296,8 @@ class IcebergSink(DeltaSink):
             stored = self.columns(plan.database, plan.schema, plan.table) or []
         return stored
 
-    def _creation_properties(self, plan: TablePlan) -> dict[str, str]:
-        """The table properties of a lake table cdclake creates for ``plan``."""
+    def _creation_properties(self, plan: TablePlan, partitioning: Partitioning = ()) -> dict[str, str]:
+        """The table properties of a lake table cdclake creates for ``plan`` (whatever its partitioning)."""
         return {**TABLE_PROPERTIES, **self.user_properties(plan), **source_properties(plan)}
 
     def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
@@ -292,15 +308,19 @@ class IcebergSink(DeltaSink):
         listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
         self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} SET TBLPROPERTIES ({listed})")
 
-    def create_with_rows(self, path: str, rows: DataFrame, properties: Mapping[str, str]) -> bool:
-        """Creates the table at ``path`` holding ``rows``, with ``properties`` (``CREATE TABLE ... AS SELECT``, atomic
-        in Iceberg's catalogs): one snapshot, marked with the enclosing :meth:`idempotent` block's marker. False,
-        having changed nothing, when the table exists by then (another writer created it)."""
+    def create_with_rows(
+        self, path: str, rows: DataFrame, properties: Mapping[str, str], partitioning: Partitioning = ()
+    ) -> bool:
+        """Creates the table at ``path`` holding ``rows``, with ``properties`` and ``partitioning`` (``CREATE TABLE
+        ... AS SELECT``, atomic in Iceberg's catalogs): one snapshot, marked with the enclosing :meth:`idempotent`
+        block's marker. False, having changed nothing, when the table exists by then (another writer created it)."""
         namespace, _ = self._names(path)
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog)}.{quote(namespace)}")
         writer = in_session(rows, self.spark).writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
+        if partitioning:
+            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
         try:
             with self._commit(path, self._marker):
                 writer.create()
@@ -367,10 +387,13 @@ class IcebergSink(DeltaSink):
         columns: Sequence[tuple[str, Column]],
         txn: Txn | None,
         key_columns: Sequence[str] | None = None,
+        renamed: Mapping[str, str] | None = None,
     ) -> None:
         """Replaces the table with new user columns (``name``, expression over the current row), keeping cdclake's
-        columns and the table's properties: one snapshot, as Delta's rewrite is one commit."""
+        columns, the table's properties and its partitioning (as DeltaSink.rewrite does): one snapshot, as Delta's
+        rewrite is one commit."""
         path = self.table_path(database, schema, table)
+        partitioning = on_columns(self._partitioning(path), [name for name, _ in columns], renamed)
         keys = None
         if key_columns is not None:
             names = {name.lower() for name, _ in columns}
@@ -378,14 +401,23 @@ class IcebergSink(DeltaSink):
         selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
         # Read anew on every attempt: after a conflict, the rows are the other writer's.
         self._committing_once(
-            path, txn, "rewrite", lambda: self._replace(path, self.read_path(path).select(*selected), keys)
+            path,
+            txn,
+            "rewrite",
+            lambda: self._replace(path, self.read_path(path).select(*selected), keys, partitioning),
         )
         self._columns.pop(path, None)
 
-    def _replace(self, path: str, rows: DataFrame, key_columns: str | None = None) -> None:
+    def _replace(
+        self, path: str, rows: DataFrame, key_columns: str | None = None, partitioning: Partitioning | None = None
+    ) -> None:
         """Replaces the table at ``path`` with ``rows`` (their schema), keeping its properties (``cdclake.keyColumns``
-        set to ``key_columns`` if given): one snapshot. ``rows`` may read the table itself: Iceberg reads the snapshot
-        that is current when the write plans, and the replace's commit does not change it."""
+        set to ``key_columns`` if given) and, unless ``partitioning`` is given, the partition fields of its columns
+        that ``rows`` still have: one snapshot. ``rows`` may read the table itself: Iceberg reads the snapshot that
+        is current when the write plans, and the replace's commit does not change it."""
+        if partitioning is None:
+            partitioning = on_columns(self._partitioning(path), rows.columns)
+        partitioning = self._fitting(path, partitioning, rows.schema)
         properties = {
             k: v for k, v in self._properties(path).items() if k in TABLE_PROPERTIES or k.startswith(_KEPT_PROPERTIES)
         }
@@ -394,6 +426,8 @@ class IcebergSink(DeltaSink):
         writer = rows.writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
+        if partitioning:
+            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
         writer.createOrReplace()
 
     def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
@@ -513,6 +547,43 @@ class IcebergSink(DeltaSink):
         return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
             self.spark._jsparkSession, self._identifier_of(path)
         )
+
+    @staticmethod
+    def _fitting(path: str, partitioning: Partitioning, schema: StructType) -> Partitioning:
+        """The fields of ``partitioning`` whose transform takes their column's type in ``schema``; the others are left
+        out with a warning (a column without values retyped to a type its transform does not take, e.g. ``days()`` of
+        a column that became a string: Iceberg would refuse the whole rewrite)."""
+        types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
+        fitting = []
+        for field in partitioning:
+            problem = field.problem_with(types[field.column.lower()], "iceberg")
+            if problem is None:
+                fitting.append(field)
+            else:
+                log.warning("%s: partition field %s is left out: %s", path, field, problem)
+        return tuple(fitting)
+
+    def _partitioning(self, path: str) -> Partitioning:
+        """The partition fields of the Iceberg table at ``path`` (its current spec). A field cdclake does not write
+        (``truncate``, ``void``: a spec changed by hand) is left out with a warning: a rewrite loses it."""
+        table = self._iceberg_table(path)
+        schema, fields = table.schema(), []
+        for spec_field in table.spec().fields():
+            transform, column = (
+                str(spec_field.transform().toString()),
+                str(schema.findColumnName(spec_field.sourceId())),
+            )
+            field = from_iceberg(transform, column)
+            if field is None:
+                log.warning(
+                    "%s: partition field %s(%s) is not one cdclake writes; a rewrite leaves it out",
+                    path,
+                    transform,
+                    column,
+                )
+            else:
+                fields.append(field)
+        return tuple(fields)
 
     def _commits_since_rewrite(self, path: str) -> int:
         """The commits of the table at ``path`` after its newest ``replace`` snapshot (a ``rewrite_data_files``, by

@@ -1,0 +1,203 @@
+"""How lake tables are partitioned (the ``partition_by`` setting): per source table name or pattern, a list of
+partition fields, each a column name (its values partition the table) or, for Iceberg tables, a transform of one:
+``years(c)``, ``months(c)``, ``days(c)``, ``hours(c)``, ``bucket(N, c)`` (Iceberg's hidden partitioning; Delta
+partitions by column values only). Iceberg's ``truncate(N, c)`` is not offered: Spark's DataFrame writer, which
+creates a lake table with its first rows, cannot declare it.
+
+A table gets its partitioning when cdclake creates it; an existing table keeps the one it has (a change would
+rewrite every file). cdclake's rewrites (a dropped, renamed or retyped column) keep it, under a renamed column's new
+name, without a dropped column's fields. Partitioning changes where rows are stored, not how cdclake finds them:
+its MERGEs match rows by key, so an update that moves a row to another partition and a delete that carries only
+the key apply as on any table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from cdclake.exceptions import ConfigError
+
+Transform = Literal["identity", "years", "months", "days", "hours", "bucket"]
+
+_TIMESTAMPS: Final = ("timestamp", "timestamp_ntz")
+_TIME_TRANSFORMS: Final = ("years", "months", "days", "hours")
+
+_FIELD: Final = re.compile(
+    r"""\s*(?:
+        (?P<time>years|months|days|hours)\s*\(\s*(?P<time_column>[^(),]+?)\s*\)
+      | (?P<width_transform>bucket)\s*\(\s*(?P<width>\d+)\s*,\s*(?P<width_column>[^(),]+?)\s*\)
+      | (?P<column>[^(),]+?)
+    )\s*""",
+    re.VERBOSE | re.IGNORECASE,
+)
+
+_ICEBERG_TRANSFORMS: Final = {"year": "years", "month": "months", "day": "days", "hour": "hours"}
+"""Iceberg's names of its time transforms (``PartitionSpec`` fields) -> the ``partition_by`` spelling."""
+
+
+@dataclass(frozen=True)
+class PartitionField:
+    """One partition field: ``transform`` of ``column`` (``width``: the number of buckets of ``bucket``)."""
+
+    column: str
+    transform: Transform = "identity"
+    width: int | None = None
+
+    def __str__(self) -> str:
+        if self.transform == "identity":
+            return self.column
+        if self.width is not None:
+            return f"{self.transform}({self.width}, {self.column})"
+        return f"{self.transform}({self.column})"
+
+    def sql(self, quote: Callable[[str], str]) -> str:
+        """The field in Spark SQL's ``PARTITIONED BY`` clause, the column quoted with ``quote``."""
+        if self.transform == "identity":
+            return quote(self.column)
+        if self.width is not None:
+            return f"{self.transform}({self.width}, {quote(self.column)})"
+        return f"{self.transform}({quote(self.column)})"
+
+    def writer_column(self) -> Column:
+        """The field as a column of ``DataFrameWriterV2.partitionedBy``."""
+        column = F.col("`" + self.column.replace("`", "``") + "`")
+        if self.transform == "identity":
+            return column
+        if self.transform == "bucket":
+            assert self.width is not None
+            return F.partitioning.bucket(self.width, column)
+        return getattr(F.partitioning, self.transform)(column)  # type: ignore[no-any-return]
+
+    def problem_with(self, spark_type: str, table_format: str) -> str | None:
+        """Why this field cannot partition a ``table_format`` table whose column is of ``spark_type`` (Spark's
+        ``simpleString``), or None."""
+        base = spark_type.split("(")[0].split("<")[0].lower()
+        if base in ("array", "map", "struct"):
+            return f"{self.column} is of type {spark_type}, which cannot partition a table"
+        if table_format != "iceberg" or self.transform == "identity":
+            return None
+        if self.transform in ("years", "months", "days") and base not in (*_TIMESTAMPS, "date"):
+            return f"{self} needs a date or timestamp column, and {self.column} is {spark_type}"
+        if self.transform == "hours" and base not in _TIMESTAMPS:
+            return f"{self} needs a timestamp column, and {self.column} is {spark_type}"
+        if self.transform == "bucket" and base in ("boolean", "float", "double"):
+            return f"Iceberg does not bucket {spark_type} values ({self})"
+        return None
+
+    def renamed(self, column: str) -> PartitionField:
+        return PartitionField(column, self.transform, self.width)
+
+
+Partitioning = tuple[PartitionField, ...]
+"""A table's partition fields, in order; empty for an unpartitioned table."""
+
+PartitionBy = Mapping[str, Sequence[str]]
+"""The ``partition_by`` setting: table name or pattern (as in cdclake.tables.PerTable) -> partition fields (text)."""
+
+
+def parse_field(text: str) -> PartitionField | None:
+    """The partition field that ``text`` names (``region``, ``days(created_at)``, ``bucket(16, id)``), or None."""
+    found = _FIELD.fullmatch(text)
+    if found is None or not text.strip():
+        return None
+    if found["time"]:
+        return PartitionField(found["time_column"], found["time"].lower())  # type: ignore[arg-type]
+    if found["width_transform"]:
+        width = int(found["width"])
+        if width < 1:
+            return None
+        return PartitionField(found["width_column"], found["width_transform"].lower(), width)  # type: ignore[arg-type]
+    return PartitionField(found["column"])
+
+
+def from_iceberg(transform: str, column: str) -> PartitionField | None:
+    """The field of an Iceberg ``PartitionSpec`` field (``transform().toString()``: ``identity``, ``day``,
+    ``bucket[16]``...) of source column ``column``; None for one that cdclake does not write (``void``, ``truncate[N]``
+    of a table partitioned by hand)."""
+    if transform == "identity":
+        return PartitionField(column)
+    if transform in _ICEBERG_TRANSFORMS:
+        return PartitionField(column, _ICEBERG_TRANSFORMS[transform])  # type: ignore[arg-type]
+    found = re.fullmatch(r"bucket\[(\d+)\]", transform)
+    if found is None:
+        return None
+    return PartitionField(column, "bucket", int(found[1]))
+
+
+def check_partition_by(partition_by: PartitionBy, table_format: str) -> dict[str, Partitioning]:
+    """The ``partition_by`` setting parsed; raises :class:`ConfigError` naming the entry for a field that is not a
+    column or a transform of one, a column listed twice, or a transform ``table_format`` cannot partition by."""
+    parsed: dict[str, Partitioning] = {}
+    for pattern, fields in partition_by.items():
+        location = f"partition_by.{pattern}"
+        if isinstance(fields, str) or not fields:
+            raise ConfigError(location, "expected a list of columns", 'e.g. `partition_by: {"shop.orders": [region]}`')
+        table: list[PartitionField] = []
+        for text in fields:
+            field = parse_field(text)
+            if field is None:
+                raise ConfigError(
+                    location,
+                    f"{text!r} is not a partition field",
+                    "name a column (`region`), or for Iceberg a transform of one: years(c), months(c), days(c), "
+                    "hours(c), bucket(N, c)",
+                )
+            if field.column.startswith("_cdc_"):
+                raise ConfigError(
+                    location,
+                    f"{field.column} is one of cdclake's own columns, which change with every write of a row",
+                    "partition by a source column",
+                )
+            if table_format != "iceberg" and field.transform != "identity":
+                raise ConfigError(
+                    location,
+                    f"{field} is an Iceberg transform: Delta tables are partitioned by column values",
+                    "name a column whose values partition the table (e.g. a date column), or use "
+                    "`table_format: iceberg`",
+                )
+            if any(str(f) == str(field) for f in table):
+                raise ConfigError(location, f"{field} is listed twice", "list each partition field once")
+            if field.transform in _TIME_TRANSFORMS and any(
+                f.transform in _TIME_TRANSFORMS and f.column.lower() == field.column.lower() for f in table
+            ):
+                raise ConfigError(
+                    location,
+                    f"{field.column} has two time transforms (Iceberg refuses such redundant fields)",
+                    "keep one of them",
+                )
+            table.append(field)
+        parsed[pattern] = tuple(table)
+    return parsed
+
+
+def on_columns(
+    partitioning: Partitioning, columns: Sequence[str], renamed: Mapping[str, str] | None = None
+) -> Partitioning:
+    """The fields of ``partitioning`` that a table with user columns ``columns`` can have, each column spelt as
+    ``columns`` spell it: a ``renamed`` column's (old -> new name) under its new name, none of a column that is
+    not there (a rewrite that drops it)."""
+    present = {name.lower(): name for name in columns}
+    moved = {old.lower(): new for old, new in (renamed or {}).items()}
+    kept = []
+    for field in partitioning:
+        name = moved.get(field.column.lower(), field.column)
+        if name.lower() in present:
+            kept.append(field.renamed(present[name.lower()]))
+    return tuple(kept)
+
+
+def missing_columns(partitioning: Partitioning, columns: Sequence[str]) -> list[str]:
+    """The partition columns of ``partitioning`` that are not among ``columns`` (in any case)."""
+    present = {name.lower() for name in columns}
+    return [field.column for field in partitioning if field.column.lower() not in present]
+
+
+def described(partitioning: Partitioning) -> str:
+    """``partitioning`` as a reader of a log line or report sees it: ``(region, days(created_at))``."""
+    return "(" + ", ".join(str(field) for field in partitioning) + ")" if partitioning else "(none)"
