@@ -41,7 +41,7 @@ def test_fields_are_columns_or_iceberg_transforms_of_one() -> None:
         ("delta", ["days(created_at)"], "Delta tables are partitioned by column values"),
         ("iceberg", ["f(x"], "is not a partition field"),
         ("iceberg", ["_cdc_position"], "cdclake's own columns"),
-        ("iceberg", ["region", "region"], "listed twice"),
+        ("iceberg", ["region", "REGION"], "listed twice"),
         ("iceberg", ["days(ts)", "hours(ts)"], "two time transforms"),
         ("iceberg", [], "expected a list of columns"),
     ],
@@ -121,7 +121,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
         "crm.orders": ["REGION"],
         "crm.items*": ["region"],
         "crm.notes": ["missing"],
-        "crm.a*": ["region"],
+        "crm.a*": ["region"],  # accounts, audits
         "crm.log": ["region"],
     }
     first = _capture(
@@ -188,6 +188,8 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
             ddl_message("items", "RENAME TABLE items TO items_v2", kind="RENAME"),
             # A dropped partition column leaves the partitioning: the table is rewritten without it.
             ddl_message("log", "ALTER TABLE log DROP COLUMN region"),
+            # A table created by a CREATE TABLE statement, before any row.
+            ddl_message("audits", "CREATE TABLE audits (id bigint primary key, region varchar(8))", "CREATE"),
         ],
     )
     replay(spark, lake=lake, format_name="canal-json", paths=[second], partition_by=partition_by)
@@ -197,6 +199,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
     assert _delta_partitioning(spark, f"{lake}/crm/items_v2") == ["region"]
     assert _rows(f"{lake}/crm/items_v2") == [(7, "eu", "i")]
 
+    assert _delta_partitioning(spark, f"{lake}/crm/audits") == ["region"]
     assert _delta_partitioning(spark, f"{lake}/crm/log") == []
     assert _rows(f"{lake}/crm/log") == [(1, "l")]
     outcomes = [
@@ -211,7 +214,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
 def test_iceberg_tables_take_transforms_and_keep_them_through_a_rename(spark, tmp_path: Path) -> None:
     lake = str(tmp_path / "lake")
     types = {"id": "bigint(20)", "ts": "datetime", "v": "varchar(8)"}
-    partition_by = {"crm.events": ["days(ts)", "bucket(4, id)"], "crm.flags": ["hours(v)"]}
+    partition_by = {"crm.events*": ["days(ts)", "bucket(4, id)"], "crm.flags": ["hours(v)"]}
     first = _capture(
         tmp_path,
         "a.jsonl",
@@ -242,13 +245,25 @@ def test_iceberg_tables_take_transforms_and_keep_them_through_a_rename(spark, tm
     assert sink.partitioning("crm", None, "events") == (PartitionField("ts", "days"), PartitionField("id", "bucket", 4))
     assert sink.partitioning("crm", None, "flags") == ()
     assert sink.read("crm", "flags").count() == 1
-    second = _capture(tmp_path, "b.jsonl", [ddl_message("events", "ALTER TABLE events RENAME COLUMN ts TO event_ts")])
+    second = _capture(
+        tmp_path,
+        "b.jsonl",
+        [
+            ddl_message("events", "ALTER TABLE events RENAME COLUMN ts TO event_ts"),
+            ddl_message("events_v2", "CREATE TABLE events_v2 (id bigint primary key, ts datetime)", "CREATE"),
+        ],
+    )
     replay(
         spark, lake=lake, format_name="canal-json", paths=[second], partition_by=partition_by, table_format="iceberg"
     )
     sink = lake_sink(spark, lake, "iceberg")
     assert sink.partitioning("crm", None, "events") == (
         PartitionField("event_ts", "days"),
+        PartitionField("id", "bucket", 4),
+    )
+    # A table created by a CREATE TABLE statement, before any row.
+    assert sink.partitioning("crm", None, "events_v2") == (
+        PartitionField("ts", "days"),
         PartitionField("id", "bucket", 4),
     )
     rows = sink.read("crm", "events").orderBy("id").collect()

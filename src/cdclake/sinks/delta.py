@@ -883,7 +883,7 @@ class DeltaSink:
                 problems.append(problem)
         if problems:
             log.warning(
-                "%s: partition_by gives %s; the table is created without the fields that cannot be: %s",
+                "%s: partition_by gives %s; the table is created without the fields it cannot have: %s",
                 self.table_path(plan.database, plan.schema, plan.table),
                 described(wanted),
                 "; ".join(problems),

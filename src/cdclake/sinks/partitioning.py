@@ -50,14 +50,11 @@ class PartitionField:
     width: int | None = None
 
     def __str__(self) -> str:
-        if self.transform == "identity":
-            return self.column
-        if self.width is not None:
-            return f"{self.transform}({self.width}, {self.column})"
-        return f"{self.transform}({self.column})"
+        return self.sql(lambda column: column)
 
     def sql(self, quote: Callable[[str], str]) -> str:
-        """The field in Spark SQL's ``PARTITIONED BY`` clause, the column quoted with ``quote``."""
+        """The field in Spark SQL's ``PARTITIONED BY`` clause (the setting's spelling), the column quoted with
+        ``quote``."""
         if self.transform == "identity":
             return quote(self.column)
         if self.width is not None:
@@ -148,7 +145,7 @@ def check_partition_by(partition_by: PartitionBy, table_format: str) -> dict[str
                     "name a column (`region`), or for Iceberg a transform of one: years(c), months(c), days(c), "
                     "hours(c), bucket(N, c)",
                 )
-            if field.column.startswith("_cdc_"):
+            if field.column.lower().startswith("_cdc_"):
                 raise ConfigError(
                     location,
                     f"{field.column} is one of cdclake's own columns, which change with every write of a row",
@@ -161,7 +158,7 @@ def check_partition_by(partition_by: PartitionBy, table_format: str) -> dict[str
                     "name a column whose values partition the table (e.g. a date column), or use "
                     "`table_format: iceberg`",
                 )
-            if any(str(f) == str(field) for f in table):
+            if any(str(f).lower() == str(field).lower() for f in table):
                 raise ConfigError(location, f"{field} is listed twice", "list each partition field once")
             if field.transform in _TIME_TRANSFORMS and any(
                 f.transform in _TIME_TRANSFORMS and f.column.lower() == field.column.lower() for f in table
