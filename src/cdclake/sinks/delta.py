@@ -46,7 +46,14 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
-from cdclake.sinks.partitioning import PartitionField, Partitioning, described, missing_columns, on_columns
+from cdclake.sinks.partitioning import (
+    PartitionField,
+    Partitioning,
+    described,
+    fitting,
+    missing_columns,
+    on_columns,
+)
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import PerTable, TableRoutes
 
@@ -874,13 +881,8 @@ class DeltaSink:
         names = [name for name, _ in columns]
         problems = [f"no column {name}" for name in missing_columns(wanted, names)]
         types = {name.lower(): _parse_datatype_string(spark_type).simpleString() for name, spark_type in columns}
-        usable = []
-        for partition in on_columns(wanted, names):
-            problem = partition.problem_with(types[partition.column.lower()], self.TABLE_FORMAT)
-            if problem is None:
-                usable.append(partition)
-            else:
-                problems.append(problem)
+        usable, unfit = fitting(on_columns(wanted, names), types, self.TABLE_FORMAT)
+        problems += unfit
         if problems:
             log.warning(
                 "%s: partition_by gives %s; the table is created without the fields it cannot have: %s",
@@ -888,7 +890,7 @@ class DeltaSink:
                 described(wanted),
                 "; ".join(problems),
             )
-        return tuple(usable)
+        return usable
 
     def partitioning(self, database: str | None, schema: str | None, table: str) -> Partitioning:
         """The partition fields of an existing lake table (none for an unpartitioned one)."""

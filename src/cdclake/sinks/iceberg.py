@@ -58,7 +58,7 @@ from cdclake.sinks.delta import (
     source_properties,
     sql_string,
 )
-from cdclake.sinks.partitioning import Partitioning, from_iceberg, on_columns
+from cdclake.sinks.partitioning import Partitioning, fitting, from_iceberg, on_columns
 from cdclake.spark import in_session
 from cdclake.tables import PerTable, TableRoutes
 
@@ -554,14 +554,10 @@ class IcebergSink(DeltaSink):
         out with a warning (a column without values retyped to a type its transform does not take, e.g. ``days()`` of
         a column that became a string: Iceberg would refuse the whole rewrite)."""
         types = {f.name.lower(): f.dataType.simpleString() for f in schema.fields}
-        fitting = []
-        for field in partitioning:
-            problem = field.problem_with(types[field.column.lower()], "iceberg")
-            if problem is None:
-                fitting.append(field)
-            else:
-                log.warning("%s: partition field %s is left out: %s", path, field, problem)
-        return tuple(fitting)
+        fit, problems = fitting(partitioning, types, "iceberg")
+        for problem in problems:
+            log.warning("%s: a partition field is left out: %s", path, problem)
+        return fit
 
     def _partitioning(self, path: str) -> Partitioning:
         """The partition fields of the Iceberg table at ``path`` (its current spec). A field cdclake does not write

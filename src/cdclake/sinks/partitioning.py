@@ -189,6 +189,20 @@ def on_columns(
     return tuple(kept)
 
 
+def fitting(partitioning: Partitioning, types: Mapping[str, str], table_format: str) -> tuple[Partitioning, list[str]]:
+    """The fields of ``partitioning`` that take their column's type in ``types`` (lower-cased column name -> Spark's
+    ``simpleString``) in ``table_format`` (:meth:`PartitionField.problem_with`), and why each other one does not."""
+    fit: list[PartitionField] = []
+    problems: list[str] = []
+    for field in partitioning:
+        problem = field.problem_with(types[field.column.lower()], table_format)
+        if problem is None:
+            fit.append(field)
+        else:
+            problems.append(problem)
+    return tuple(fit), problems
+
+
 def missing_columns(partitioning: Partitioning, columns: Sequence[str]) -> list[str]:
     """The partition columns of ``partitioning`` that are not among ``columns`` (in any case)."""
     present = {name.lower() for name in columns}
