@@ -24,7 +24,7 @@ from cdclake.runner import replay
 from cdclake.tables import TableFilter, TableRoutes
 from tests.e2e.helpers import history_table
 from tests.e2e.test_format_replay import typed
-from tests.formats.golden import CASES, message_bytes, read_jsonl
+from tests.formats.golden import CASES, golden_options, message_bytes, read_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -463,7 +463,12 @@ def test_the_messages_that_still_fail_are_the_golden_failures_of_every_format(
     group = spark.createDataFrame(
         rows, "key binary, value binary, topic string, partition int, offset bigint, kafka_timestamp timestamp"
     )
-    settings = PipelineSettings(lake=str(tmp_path / "lake"), app_id="dlq-test", default_format=format_name)
+    settings = PipelineSettings(
+        lake=str(tmp_path / "lake"),
+        app_id="dlq-test",
+        default_format=format_name,
+        format_options={format_name: golden_options(format_name)},
+    )
     still_failing = dlq._decode_failures(spark, settings, group)
     assert {row["offset"]: row["reason"] for row in still_failing.collect()} == expected
     # The filter applies to computed events, not to the decoder's expressions inlined into it (they are the

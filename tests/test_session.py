@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdclake.formats import decode_batch, get_format, list_formats
-from tests.formats.golden import CASES, messages_frame, read_jsonl, scenarios
+from tests.formats.golden import CASES, golden_options, messages_frame, read_jsonl, scenarios
 
 
 def _compilations(spark) -> int:  # type: ignore[no-untyped-def]
@@ -32,7 +32,8 @@ def test_the_session_keeps_the_compiled_code_of_every_decoder(spark) -> None:
     def decode_all() -> int:
         before = _compilations(spark)
         for fmt, frame in frames:
-            decode_batch(get_format(fmt.name), frame, {}).write.format("noop").mode("overwrite").save()
+            options = golden_options(fmt.name)
+            decode_batch(get_format(fmt.name), frame, options).write.format("noop").mode("overwrite").save()
         return _compilations(spark) - before
 
     first = decode_all()

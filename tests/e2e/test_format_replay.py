@@ -9,7 +9,8 @@ A scenario lives in ``tests/cases/<format>/replay/``:
   only). Values are JSON, with ``{"$b64": ..}`` for binary, ``{"$ts": "...Z"}`` for timestamps (UTC instants),
   ``{"$ntz": ".."}`` for timestamps without zone, ``{"$date": ".."}`` for dates and ``{"$dec": ".."}`` for
   decimals.
-* ``options.json`` (optional) — ``{"keys": {"db.table": [..]}, "format_options": {..}}``.
+* ``options.json`` (optional) — ``{"keys": {"db.table": [..]}, "format_options": {..}}`` (a ``schemas_dir``
+  relative to the scenario's folder).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def test_format_replays_into_delta(spark, tmp_path: Path, format_name: str) -> N
     folder = CASES / format_name / "replay"
     lines = read_jsonl(folder / "input.jsonl")
     options = json.loads((folder / "options.json").read_text()) if (folder / "options.json").is_file() else {}
+    format_options = options.get("format_options")
+    if format_options and "schemas_dir" in format_options:  # relative to the scenario's folder
+        format_options["schemas_dir"] = str(folder / format_options["schemas_dir"])
     values = [value for _, value in map(message_bytes, lines) if value is not None]
     binary = any("value_b64" in line or "value_avro_b64" in line for line in lines)
     capture = tmp_path / "capture.txt"
@@ -75,7 +79,7 @@ def test_format_replays_into_delta(spark, tmp_path: Path, format_name: str) -> N
         paths=[str(capture)],
         encoding="b64" if binary else "lines",
         keys=options.get("keys"),
-        format_options=options.get("format_options"),
+        format_options=format_options,
     )
     expected = json.loads((folder / "expected.json").read_text(encoding="utf-8"))
     results = [

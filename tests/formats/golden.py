@@ -2,7 +2,8 @@
 
 Input lines follow ``shared/formats/examples``: ``{"case", "key", "value"}`` where ``value`` is the message as JSON
 (serialised compactly), or ``value_raw`` (text sent verbatim, for malformed input) or ``value_b64`` /
-``value_avro_b64`` (binary; for Avro examples ``value`` is only a readable rendering and the binary wins).
+``value_avro_b64`` (binary; for Avro examples ``value`` is only a readable rendering and the binary wins), and
+``key_b64`` for a binary key. A format whose cases need options has them in ``tests/cases/<format>/options.json``.
 Expected lines are canonical events, one per decoded event in message order, with the fields of EXPECTED_FIELDS.
 """
 
@@ -44,9 +45,23 @@ def scenarios(format_name: str) -> list[str]:
     return sorted(p.name.removesuffix(".input.jsonl") for p in (CASES / format_name).glob("*.input.jsonl"))
 
 
+def golden_options(format_name: str) -> dict[str, str]:
+    """The format options its golden cases are decoded with: ``tests/cases/<format>/options.json`` if there is one
+    (``schemas_dir`` relative to that folder), else none."""
+    path = CASES / format_name / "options.json"
+    if not path.is_file():
+        return {}
+    options: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
+    if "schemas_dir" in options:
+        options["schemas_dir"] = str(path.parent / options["schemas_dir"])
+    return options
+
+
 def message_bytes(line: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
     key = line.get("key")
     key_bytes = None if key is None else (key.encode() if isinstance(key, str) else json.dumps(key).encode())
+    if "key_b64" in line:  # a binary key (for Avro examples ``key`` is only a readable rendering)
+        key_bytes = base64.b64decode(line["key_b64"])
     if "value_raw" in line:
         return key_bytes, line["value_raw"].encode("utf-8")
     for binary in ("value_b64", "value_avro_b64"):

@@ -10,7 +10,7 @@ import sys
 
 from cdclake.formats import decode_batch, get_format
 from cdclake.spark import get_session
-from tests.formats.golden import CASES, canonical_rows, messages_frame, read_jsonl, scenarios
+from tests.formats.golden import CASES, canonical_rows, golden_options, messages_frame, read_jsonl, scenarios
 
 
 def main(names: list[str]) -> None:
@@ -19,7 +19,7 @@ def main(names: list[str]) -> None:
         fmt = get_format(name)
         for scenario in scenarios(name):
             lines = read_jsonl(CASES / name / f"{scenario}.input.jsonl")
-            rows = canonical_rows(decode_batch(fmt, messages_frame(spark, lines), {}))
+            rows = canonical_rows(decode_batch(fmt, messages_frame(spark, lines), golden_options(name)))
             target = CASES / name / f"{scenario}.expected.jsonl"
             target.write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
             print(f"wrote {target} ({len(rows)} events)")

@@ -10,7 +10,15 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats import CdcFormat, _plans, decode_batch, get_format, list_formats
-from tests.formats.golden import CASES, canonical_rows, canonical_rows_by_topic, read_jsonl, scenarios, topics_frame
+from tests.formats.golden import (
+    CASES,
+    canonical_rows,
+    canonical_rows_by_topic,
+    golden_options,
+    read_jsonl,
+    scenarios,
+    topics_frame,
+)
 
 CASE_IDS = [(fmt.name, scenario) for fmt in list_formats() for scenario in scenarios(fmt.name)]
 
@@ -31,27 +39,30 @@ def _decoded_cases(spark: SparkSession, format_name: str) -> dict[str, list[dict
     """
     if format_name not in _decoded:
         fmt = get_format(format_name)
+        options = golden_options(format_name)
         inputs = {s: read_jsonl(CASES / format_name / f"{s}.input.jsonl") for s in scenarios(format_name)}
         if format_name in TOPIC_IS_A_NAME:
             _decoded[format_name] = {
-                s: canonical_rows(decode_batch(fmt, topics_frame(spark, {"golden": lines}), {}))
+                s: canonical_rows(decode_batch(fmt, topics_frame(spark, {"golden": lines}), options))
                 for s, lines in inputs.items()
             }
         elif fmt.batch_step is None:
-            _decoded[format_name] = canonical_rows_by_topic(_reused(fmt, topics_frame(spark, inputs)))
+            _decoded[format_name] = canonical_rows_by_topic(_reused(fmt, topics_frame(spark, inputs), options))
         else:
-            events = _reused(fmt, topics_frame(spark, inputs)).localCheckpoint(eager=True)
+            events = _reused(fmt, topics_frame(spark, inputs), options).localCheckpoint(eager=True)
             _decoded[format_name] = {
                 s: canonical_rows(fmt.batch_step(events.where(F.col(model.TOPIC) == s))) for s in inputs
             }
     return _decoded[format_name]
 
 
-def _reused(fmt: CdcFormat, messages: DataFrame) -> DataFrame:
+def _reused(fmt: CdcFormat, messages: DataFrame, options: dict[str, str]) -> DataFrame:
     """The format's decode of ``messages`` as ``decode_batch`` runs it: the decoder's plan built on a template
     relation and put over ``messages`` (``formats._plans``), so that the golden cases check the plan the pipeline
-    runs."""
-    return _plans.decode_reusing_plan(fmt.decode, messages, {})
+    runs. A format that reads the batch to plan reuses plans itself."""
+    if fmt.reads_batch_to_plan:
+        return decode_batch(fmt, messages, options)
+    return _plans.decode_reusing_plan(fmt.decode, messages, options)
 
 
 @pytest.mark.spark

@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.formats import decode_batch, get_format, list_formats
-from tests.formats.golden import CASES, messages_frame, read_jsonl, scenarios
+from tests.formats.golden import CASES, golden_options, messages_frame, read_jsonl, scenarios
 
 pytestmark = pytest.mark.spark
 
@@ -124,6 +124,9 @@ def test_no_row_work_inside_lambdas(spark: SparkSession, format_name: str) -> No
     fmt = get_format(format_name)
     messages = messages_frame(spark, lines)
     # Without a batch step, decode_batch is decode: one walk (the walk is most of this test's time).
-    frames = [fmt.decode(messages, {})] + ([] if fmt.batch_step is None else [decode_batch(fmt, messages, {})])
+    options = golden_options(format_name)
+    frames = [fmt.decode(messages, options)] + (
+        [] if fmt.batch_step is None else [decode_batch(fmt, messages, options)]
+    )
     for frame in frames:
         assert loop_invariant_work(spark, frame) == []

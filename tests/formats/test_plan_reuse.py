@@ -13,7 +13,11 @@ from tests.formats.golden import CASES, canonical_rows_by_topic, read_jsonl, sce
 
 pytestmark = pytest.mark.spark
 
-REUSED = [fmt.name for fmt in list_formats() if fmt.metadata is None or fmt.metadata.plan_from_definitions]
+REUSED = [
+    fmt.name
+    for fmt in list_formats()
+    if not fmt.reads_batch_to_plan and (fmt.metadata is None or fmt.metadata.plan_from_definitions)
+]
 
 
 def _plain(format_name: str, messages: DataFrame) -> DataFrame:
@@ -32,9 +36,10 @@ def _halves(spark, format_name: str) -> tuple[DataFrame, DataFrame]:  # type: ig
     )
 
 
-def test_every_format_but_qlik_avro_reuses_its_plan_per_options_and_definitions() -> None:
-    # Qlik Avro's plan also depends on the data schemas its messages name: see the next test.
-    assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-avro"}
+def test_every_format_but_the_avro_ones_with_schema_ids_reuses_its_plan_per_options_and_definitions() -> None:
+    # Qlik Avro's plan also depends on the data schemas its messages name (see the next test), Debezium Avro's on
+    # the schema ids (tests/formats/test_debezium_avro.py).
+    assert set(REUSED) == {fmt.name for fmt in list_formats()} - {"qlik-avro", "debezium-avro"}
 
 
 def test_qlik_avro_reuses_its_plan_per_data_schemas_of_the_batch(spark) -> None:

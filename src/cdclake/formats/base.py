@@ -163,6 +163,9 @@ class CdcFormat:
             for self-describing formats.
         batch_step: decoded events of one batch -> events, for a rule that needs the whole batch (typing JSON nulls
             from other messages); :func:`decode_batch` runs it. None for formats whose events are final per message.
+        reads_batch_to_plan: ``decode`` collects something from the batch's messages (one small Spark job: the
+            schema ids of ``debezium-avro``) to build its plan, and reuses plans itself
+            (``_plans.decode_with_batch_inputs_reusing_plan``), so :func:`decode_batch` calls it as it is.
     """
 
     name: str
@@ -177,6 +180,7 @@ class CdcFormat:
     examples: tuple[str, ...] = ()
     metadata: MetadataSupport | None = None
     batch_step: Callable[[DataFrame], DataFrame] | None = None
+    reads_batch_to_plan: bool = False
 
 
 def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) -> DataFrame:
@@ -186,8 +190,10 @@ def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) ->
     format with ``metadata`` reads the batch's definition messages first, as its plain decode does; its plan is then
     reused per set of definitions if it is built from them alone (``MetadataSupport.plan_from_definitions``).
     """
-    if fmt.metadata is None:
+    if fmt.metadata is None and not fmt.reads_batch_to_plan:
         decoded = _plans.decode_reusing_plan(fmt.decode, messages, options)
+    elif fmt.metadata is None:
+        decoded = fmt.decode(messages, options)
     elif fmt.metadata.plan_from_definitions:
         known = collect_metadata(fmt.metadata.extract(messages, options))
         decoded = decode_batch_with_metadata(fmt, messages, options, known)

@@ -127,6 +127,9 @@ def _raw_schema(image: str, schema: str) -> str:
     return f"`schema` {schema}, payload STRUCT<{inner}>, {top}, _corrupt_record STRING"
 
 
+PAYLOAD_SCHEMA: Final = "STRUCT<" + ", ".join(f"`{n}`: {t}" for n, t in _envelope("VARIANT")) + ">"
+"""The envelope (``_p`` of :func:`parse`) as a type: what a Debezium value's payload is read as."""
+
 RAW_SCHEMA: Final = _raw_schema("VARIANT", CONNECT_SCHEMA)
 """Images as MAP<STRING, VARIANT>: exact numbers (base.exact_text_image); the Connect schema typed
 (CONNECT_SCHEMA)."""
@@ -267,13 +270,31 @@ def declared_or_inferred_fields() -> Column:
 
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """Debezium JSON messages (data, transaction, heartbeat and schema-change topics; tombstones) -> events."""
+    return decode_parsed(parse(messages), options, NAME)
+
+
+def decode_parsed(
+    parsed: DataFrame,
+    options: FormatOptions,
+    format_name: str,
+    *,
+    key: Column | None = None,
+    format_error: Column | None = None,
+) -> DataFrame:
+    """Debezium envelopes -> events: the messages with the columns :func:`parse` adds (``_m``, ``_schema_fields``,
+    ``_p``, ``_inferred_kinds``), however they were read (``debezium-avro`` builds them from Avro records).
+
+    Args:
+        key: the Kafka key as JSON text (default: the message key); its object's names are the key columns.
+        format_error: the reading's own error (an undecodable Avro value...), which wins over Debezium's checks.
+    """
     placeholder = options.get("unavailable_value_placeholder", PLACEHOLDER)
     # debezium.md 6 "Unavailable values": the placeholder (or, for bytes columns, its base64) never overwrites a
     # stored value: such columns are left out of the images, and the after image becomes partial.
     unavailable = (placeholder, base64.b64encode(placeholder.encode()).decode())
     m, p = F.col("_m"), F.col("_p")
     source = p["source"]
-    staged = image_stages(parse(messages), p, declared_or_inferred_fields(), unavailable)
+    staged = image_stages(parsed, p, declared_or_inferred_fields(), unavailable)
     staged = staged.select("*", debezium_position(source).alias("_position"))
     tombstone = F.col(MESSAGE_VALUE).isNull()
     is_data = p["op"].isNotNull()
@@ -318,7 +339,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(with_table, F.coalesce(p["databaseName"], source["db"])).alias(model.DATABASE),
         F.when(with_table, F.coalesce(p["schemaName"], source["schema"])).alias(model.SCHEMA),
         F.when(with_table, F.nullif(source["table"], F.lit(""))).alias(model.TABLE),
-        F.when(is_row, _key_columns(F.col(MESSAGE_KEY))).alias(model.KEY_COLUMNS),
+        F.when(is_row, _key_columns(F.col(MESSAGE_KEY) if key is None else key)).alias(model.KEY_COLUMNS),
         F.when(is_row, texts(F.col("_before_pairs"))).alias(model.BEFORE),
         F.when(is_row, texts(F.col("_after_pairs"))).alias(model.AFTER),
         (is_row & F.col("_partial")).alias(model.AFTER_IS_PARTIAL),
@@ -329,6 +350,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(is_ddl, ddl_text).alias(model.DDL),
     )
     error = first_error(
+        *(() if format_error is None else ((format_error.isNotNull(), format_error),)),
         (~tombstone & (m.isNull() | m["_corrupt_record"].isNotNull()), "malformed JSON (or a field of the wrong kind)"),
         (~tombstone & vendor_op.isNull(), "not a Debezium message: no op, transaction status, ddl or heartbeat ts_ms"),
         (is_data & op.isNull(), F.format_string("unknown Debezium op '%s'", p["op"])),
@@ -347,7 +369,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
             ),
         ),
     )
-    return finish(decoded, NAME, error)
+    return finish(decoded, format_name, error)
 
 
 def sniff(message: Any) -> bool:
