@@ -370,6 +370,11 @@ def cases() -> dict[str, list[dict[str, Any]]]:
                 _change("u", 500, None, _customer(1001, "__debezium_unavailable_value")),
             ),
             _line(
+                "UPDATE setting columns to NULL: the after image holds them as NULL, not left out",
+                key,
+                _change("u", 510, sally, _customer(1001, "Sally", price=None, tags=None, photo=None)),
+            ),
+            _line(
                 "UPDATE of a PostgreSQL row",
                 (3, {"order_id": 9001}),
                 _pg("u", 33816600, _order(9001), _order(9001, status="PAID", total=Decimal("0.001"))),

@@ -44,16 +44,19 @@ class RegisteredSchema:
 
 @dataclass(frozen=True)
 class SchemaSource:
-    """Where schemas are looked up: a folder of files first (``<id>.avsc`` or ``<id>.json``), then the registry
-    addresses in turn (a registry answering 404 for an id does not have it; the next address is asked)."""
+    """Where schemas are looked up: the ones given inline first, then a folder of files (``<id>.avsc`` or
+    ``<id>.json``), then the registry addresses in turn (a registry answering 404 for an id does not have it; the
+    next address is asked)."""
 
     folder: Path | None = None
     urls: tuple[str, ...] = ()
     user_info: str | None = None
     """``user:password`` for HTTP basic authentication (Confluent's ``basic.auth.user.info``)."""
+    inline: tuple[tuple[int, str], ...] = ()
+    """(schema id, Avro schema JSON text) pairs given in the configuration (option ``schemas``)."""
 
     def describe(self) -> str:
-        where = ["schemas_dir"] if self.folder else []
+        where = (["schemas"] if self.inline else []) + (["schemas_dir"] if self.folder else [])
         return " nor in ".join([*where, *(f"the registry at {url}" for url in self.urls)]) or "nowhere"
 
 
@@ -79,6 +82,9 @@ def resolve(source: SchemaSource, schema_ids: Sequence[int]) -> tuple[Registered
 
 
 def _lookup(source: SchemaSource, schema_id: int) -> RegisteredSchema:
+    for inline_id, text in source.inline:
+        if inline_id == schema_id:
+            return _from_document(schema_id, text, "option schemas")
     if source.folder is not None:
         for suffix in (".avsc", ".json"):
             path = source.folder / f"{schema_id}{suffix}"
@@ -144,20 +150,34 @@ def _reason(error: urllib.error.HTTPError) -> str:
 
 
 def source_from_options(options: Mapping[str, str]) -> SchemaSource:
-    """The :class:`SchemaSource` that the options ``schemas_dir``, ``schema_registry_url`` (comma-separated
-    addresses) and ``schema_registry_user_info`` name."""
+    """The :class:`SchemaSource` that the options ``schemas`` (a JSON object: schema id -> Avro schema, as an object
+    or as text), ``schemas_dir``, ``schema_registry_url`` (comma-separated addresses) and
+    ``schema_registry_user_info`` name. Raises ``ValueError`` for a ``schemas`` value that is not such an object."""
     folder = options.get("schemas_dir")
     urls = tuple(u.strip() for u in options.get("schema_registry_url", "").split(",") if u.strip())
-    return SchemaSource(Path(folder) if folder else None, urls, options.get("schema_registry_user_info") or None)
+    user_info = options.get("schema_registry_user_info") or None
+    return SchemaSource(Path(folder) if folder else None, urls, user_info, _inline(options.get("schemas")))
+
+
+def _inline(text: str | None) -> tuple[tuple[int, str], ...]:
+    if not text:
+        return ()
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"schemas is not JSON: {exc}") from None
+    if not isinstance(given, dict) or not all(str(k).isdigit() for k in given):
+        raise ValueError('schemas must be a JSON object of schema ids: {"1": {<Avro schema>}, ...}')
+    return tuple(sorted((int(k), v if isinstance(v, str) else json.dumps(v, sort_keys=True)) for k, v in given.items()))
 
 
 def check_options(options: Mapping[str, str]) -> None:
     """Raises ``ValueError`` naming the option and the fix when the options name no usable schema source."""
     source = source_from_options(options)
-    if source.folder is None and not source.urls:
+    if source.folder is None and not source.urls and not source.inline:
         raise ValueError(
             "set schema_registry_url (the Confluent-compatible registry the producer used, e.g. "
-            "http://registry:8081) or schemas_dir (a folder of <id>.avsc files)"
+            "http://registry:8081), schemas_dir (a folder of <id>.avsc files) or schemas (a JSON object of them)"
         )
     if source.folder is not None and not source.folder.is_dir():
         raise ValueError(f"schemas_dir {source.folder} is not a folder")

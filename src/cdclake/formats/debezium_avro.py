@@ -3,8 +3,8 @@
 Spec: ``shared/formats/debezium.md`` 1 ("Avro/Protobuf/JSON-Schema with a registry: Confluent framing ``0x00`` +
 4-byte big-endian schema id + payload"; "Avro carries the same logical structure"). Keys and values are framed
 alike, each with its own schema id; the schemas come from the registry the connector's ``AvroConverter`` wrote them
-to (option ``schema_registry_url``), or from a folder of ``<id>.avsc`` files (``schemas_dir``: replaying captured
-messages without the registry). See :mod:`cdclake.formats._schema_registry`.
+to (option ``schema_registry_url``), from a folder of ``<id>.avsc`` files (``schemas_dir``: replaying captured
+messages without the registry) or from the options themselves (``schemas``); see ``formats._schema_registry``.
 
 Decoding: the batch's distinct key and value schema ids are collected (one small Spark job) and resolved on the
 driver; each message is read with ``from_avro`` of its own id (one pass: a CASE over the batch's ids), and the
@@ -229,6 +229,11 @@ def _reading(registered: RegisteredSchema) -> _Reading:
 # The decoder
 
 
+_ALL_NULL: Final = r'^\{("[A-Za-z0-9_]*":null,?)*\}$'
+"""A record's JSON with every field null: what ``from_avro`` (PERMISSIVE) gives for bytes it cannot decode. Avro
+names are letters, digits and underscores; the match fails at the first field with a value."""
+
+
 def schema_id(framed: Column) -> Column:
     """The schema id of a Confluent-framed binary, null when it is not framed (or null)."""
     is_framed = (F.length(framed) >= HEADER_BYTES) & (F.substring(framed, 1, 1) == F.lit(MAGIC))
@@ -307,7 +312,9 @@ def _decode_with_schemas(
         def read(reading: _Reading) -> Column | None:
             if reading.reader is None:
                 return None
-            return F.to_json(from_avro(_avro_part(framed), reading.reader, {"mode": "PERMISSIVE"}))
+            # NULLs kept: a column missing from an image would keep its stored value.
+            record = from_avro(_avro_part(framed), reading.reader, {"mode": "PERMISSIVE"})
+            return F.to_json(record, {"ignoreNullFields": "false"})
 
         return read
 
@@ -340,12 +347,12 @@ def _decode_with_schemas(
         ),
         (value.isNotNull() & F.col("_vp").isNotNull(), F.format_string("value schema id %d %s", vid, F.col("_vp"))),
         (
-            value.isNotNull() & (value_json.isNull() | (value_json == "{}")),
+            value.isNotNull() & (value_json.isNull() | value_json.rlike(_ALL_NULL)),
             F.format_string("the value does not decode with Avro schema id %d", vid),
         ),
         (kid.isNotNull() & F.col("_kp").isNotNull(), F.format_string("key schema id %d %s", kid, F.col("_kp"))),
         (
-            kid.isNotNull() & (F.col("_key_json").isNull() | (F.col("_key_json") == "{}")),
+            kid.isNotNull() & (F.col("_key_json").isNull() | F.col("_key_json").rlike(_ALL_NULL)),
             F.format_string("the key does not decode with Avro schema id %d", kid),
         ),
     )
@@ -364,6 +371,7 @@ FORMAT: Final = register(
             "http://registry:8081 (several: comma-separated)",
             "schema_registry_user_info": "user:password for the registry's HTTP basic authentication",
             "schemas_dir": "a folder of <schema id>.avsc files, looked in before the registry (replay without it)",
+            "schemas": 'the schemas as a JSON object {"<schema id>": <Avro schema>, ...}, looked in first',
             "unavailable_value_placeholder": f"the connector's unavailable.value.placeholder (default {PLACEHOLDER})",
         },
         validate_options=check_options,
