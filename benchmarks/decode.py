@@ -21,10 +21,11 @@ Ratio = decoder throughput / baseline throughput (best of ``repeats`` timed runs
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -84,11 +85,15 @@ def _leaves(column: Column, data_type: DataType, path: str) -> list[tuple[str, C
     return [(path, column)]
 
 
-def baseline_frame(spark: SparkSession, messages: DataFrame, format_name: str) -> tuple[DataFrame, str]:
+def baseline_frame(
+    spark: SparkSession, messages: DataFrame, format_name: str, options: Mapping[str, str] | None = None
+) -> tuple[DataFrame, str]:
     """The hand-written parse of ``messages`` (see the module doc) and a description of it."""
     encoding = get_format(format_name).encoding
     schema = envelope_schema(format_name)
     value = F.col("value")
+    if encoding == "binary" and options and "schemas" in options:
+        return _framed_baseline(messages, json.loads(options["schemas"]))
     if encoding == "binary":
         if schema is None:
             raise ValueError(f"{format_name}: binary format without a module-level Avro schema")
@@ -113,6 +118,27 @@ def baseline_frame(spark: SparkSession, messages: DataFrame, format_name: str) -
     return frame, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {len(leaves)} envelope leaves"
 
 
+def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tuple[DataFrame, str]:
+    """Confluent-framed Avro (``0x00``, a 4-byte schema id, the record): per schema id, its messages read with
+    ``from_avro`` of that id's schema and projected to the envelope's leaves (padded with NULLs to the same count),
+    all ids' frames in one union."""
+    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
+    schema_id = F.conv(F.hex(F.substring(F.col("value"), 2, 4)), 16, 10).cast("bigint")
+    frames = []
+    for key, schema in sorted(schemas.items(), key=lambda item: int(item[0])):
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        body = F.substring(F.col("value"), 6, 1 << 30)
+        own = messages.where(schema_id == int(key)).select(
+            *MESSAGE_COLUMNS, from_avro(body, text, {"mode": "PERMISSIVE"}).alias("_m")
+        )
+        leaves = _leaves(F.col("_m"), own.schema["_m"].dataType, "_m")[:wanted]
+        columns = [column.cast("string") for _, column in leaves] + [F.lit(None).cast("string")] * wanted
+        frames.append(own.select(*MESSAGE_COLUMNS, *(c.alias(f"c{i}") for i, c in enumerate(columns[:wanted]))))
+    union = functools.reduce(DataFrame.unionByName, frames)
+    how = f"per schema id ({len(frames)}), from_avro(value after the 5-byte header, its schema), leaves as text"
+    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {wanted} envelope leaves"
+
+
 def _noop(frame: DataFrame) -> float:
     started = time.perf_counter()
     frame.write.format("noop").mode("overwrite").save()
@@ -127,7 +153,7 @@ def measure(
     messages = message_frame(spark, workload.path)
     try:
         decoded = decode_batch(get_format(name), messages, workload.format_options)
-        baseline, description = baseline_frame(spark, messages, name)
+        baseline, description = baseline_frame(spark, messages, name, workload.format_options)
         # Counted on a local checkpoint, as the pipeline does: a filter pushed into the decoder's projections makes
         # the optimizer inline them without bound for the Avro formats (cdclake.dlq._materialised).
         dead = decoded.localCheckpoint(eager=True).where(F.col(model.ERROR).isNotNull()).count()  # also a warm-up
@@ -137,7 +163,7 @@ def measure(
             # Each side's frame is built anew and timed with its run, as each micro-batch does: Spark analyses and
             # optimises both plans every time, and a decoder may run Spark jobs to plan (Qlik reads its MD messages).
             started = time.perf_counter()
-            baseline = baseline_frame(spark, messages, name)[0]
+            baseline = baseline_frame(spark, messages, name, workload.format_options)[0]
             baseline_times.append(time.perf_counter() - started + _noop(baseline))
             started = time.perf_counter()
             decoded = decode_batch(get_format(name), messages, workload.format_options)
