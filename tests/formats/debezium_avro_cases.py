@@ -224,6 +224,7 @@ SCHEMAS: Final = {
     5: TRANSACTION,
     6: HEARTBEAT,
     7: SCHEMA_CHANGE,
+    9: "string",
 }
 """Schema id -> Avro schema, as files ``schemas/<id>.avsc``."""
 PROTOBUF_ID: Final = 8
@@ -345,6 +346,11 @@ def cases() -> dict[str, list[dict[str, Any]]]:
                     None,
                     _customer(1002, "Zoë 🚀", price=None, created=None, birth=None, small=None, photo=None, tags=None),
                 ),
+            ),
+            _line(
+                "INSERT whose key is an Avro string, not a record: no key columns (configure keys), no dead letter",
+                (9, "1003"),
+                _change("c", 310, None, _customer(1003, "Rae")),
             ),
             _line(
                 "INSERT, plain Avro logical types (no connect.name): decimal, timestamp-millis, date, enum",

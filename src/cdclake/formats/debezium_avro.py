@@ -26,8 +26,9 @@ Column names are the Avro field names: a connector that writes Avro must make na
 
 Dead letters: a value without the framing; a schema id the source does not have (or a schema that is not Avro,
 uses schema references, or that Spark cannot read); a value that does not decode with its schema; the same for a
-framed key. A key without the framing (a string key) gives no key columns, as a JSON key that is not an object
-does in ``debezium-json``. A registry that cannot be reached fails the batch instead (it runs again on restart).
+framed key. A key without the framing (a string key), or whose schema is not a record, gives no key columns, as a
+JSON key that is not an object does in ``debezium-json``. A registry that cannot be reached fails the batch instead
+(it runs again on restart).
 """
 
 from __future__ import annotations
@@ -150,8 +151,6 @@ def _connect_field(name: str, schema: Any, names: _Names) -> dict[str, Any]:
         connect_type = attributes["connect.type"]
     logical = attributes.get("logicalType")
     logical_name = attributes.get("connect.name") or _LOGICAL_NAMES.get(logical or "")
-    if kind in ("record", "enum", "fixed") and not attributes.get("connect.name"):
-        logical_name = _LOGICAL_NAMES.get(logical or "")
     parameters = attributes.get("connect.parameters")
     if logical == "decimal" and not parameters:
         parameters = {
@@ -195,6 +194,9 @@ def _without_logical_types(schema: Any) -> Any:
     return schema
 
 
+NOT_A_RECORD: Final = "is not an Avro record schema"
+
+
 @dataclass(frozen=True)
 class _Reading:
     """How the messages of one schema id are read: the reader schema for ``from_avro`` and, for a value schema,
@@ -216,7 +218,7 @@ def _reading(registered: RegisteredSchema) -> _Reading:
     names = _Names(schema)
     record = names.resolve(schema)
     if not isinstance(record, dict) or record.get("type") not in ("record", "error"):
-        return _Reading(registered.schema_id, None, problem="is not an Avro record schema")
+        return _Reading(registered.schema_id, None, problem=NOT_A_RECORD)
     try:
         fields = _image_fields(record, names)
     except (KeyError, TypeError, AttributeError) as exc:
@@ -303,7 +305,12 @@ def _decode_with_schemas(
     """:func:`decode` with the batch's schemas resolved (the messages are not read while the plan is built)."""
     del known  # schemas come from the registry, not from messages of the stream
     values = _usable(messages, [_reading(s) for s in inputs.values])
-    keys = _usable(messages, [_reading(s) for s in inputs.keys])
+    # A key that is not a record (a string key written by the AvroConverter) names no columns, as a JSON key that
+    # is not an object does in debezium-json: no key columns, and no dead letter.
+    keys = [
+        _Reading(r.schema_id, None) if r.problem == NOT_A_RECORD else r
+        for r in _usable(messages, [_reading(s) for s in inputs.keys])
+    ]
     value, key = F.col(MESSAGE_VALUE), F.col(MESSAGE_KEY)
     staged = messages.select("*", schema_id(value).alias("_vid"), schema_id(key).alias("_kid"))
     vid, kid = F.col("_vid"), F.col("_kid")
@@ -329,6 +336,7 @@ def _decode_with_schemas(
         _by_id(vid, values, fields_of).cast(f"array<{_FIELD}>").alias("_schema_fields"),
         _by_id(vid, values, lambda r: None if r.problem is None else F.lit(r.problem)).cast("string").alias("_vp"),
         _by_id(kid, keys, lambda r: None if r.problem is None else F.lit(r.problem)).cast("string").alias("_kp"),
+        F.coalesce(_by_id(kid, keys, lambda r: None if r.reader is None else F.lit(True)), F.lit(False)).alias("_kr"),
     )
     value_json = F.col("_value_json")
     parsed = staged.select(
@@ -352,7 +360,7 @@ def _decode_with_schemas(
         ),
         (kid.isNotNull() & F.col("_kp").isNotNull(), F.format_string("key schema id %d %s", kid, F.col("_kp"))),
         (
-            kid.isNotNull() & (F.col("_key_json").isNull() | F.col("_key_json").rlike(_ALL_NULL)),
+            F.col("_kr") & (F.col("_key_json").isNull() | F.col("_key_json").rlike(_ALL_NULL)),
             F.format_string("the key does not decode with Avro schema id %d", kid),
         ),
     )
