@@ -345,6 +345,9 @@ class TablePlan:
     row_events: int = 0
     partial_events: int = 0
     """Row events whose after image is partial (``model.AFTER_IS_PARTIAL``): the rows they write keep stored values."""
+    null_key_events: int = 0
+    """Row events whose identifying image (:func:`identifying_image`) holds no value for one of their key columns:
+    they cannot be told apart from each other (``Pipeline`` makes them dead letters)."""
     declared_types: dict[str, set[str]] = field(default_factory=dict)
     """Lower-cased column name -> every Spark type the batch's messages declare for it along with a value (usually
     one). A type declared only next to NULLs may be a vendor's guess (dts.md 1.7: TEXT and BLOB share their codes),
@@ -364,24 +367,38 @@ def _valued_columns() -> Column:
     return F.filter(F.col(model.COLUMNS), has_value)["name"]
 
 
+def identifying_image() -> Column:
+    """The image of a row event whose key values identify its row: a DELETE's before image, else the after image
+    (the before image of an UPDATE that has none)."""
+    before, after = F.col(model.BEFORE), F.col(model.AFTER)
+    return F.when(F.col(model.OP) == Op.DELETE.value, before).otherwise(F.coalesce(after, before))
+
+
 def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
     """Summarises, per table, the column lists, keys and truncates of a batch (a handful of rows to the driver)."""
     op = F.col(model.OP)
     relevant = events.where(op.isin(*(o.value for o in model.ROW_OPS), Op.TRUNCATE.value, Op.DDL.value))
     relevant = relevant.where(F.col(model.TABLE).isNotNull())
     keys = effective_keys(relevant, configured_keys or {})
+    is_row = op.isin(*(o.value for o in model.ROW_OPS))
+    staged = relevant.select(
+        model.DATABASE,
+        model.SCHEMA,
+        model.TABLE,
+        op.alias("op"),
+        effective_order(relevant).alias(ORDER),
+        F.col(model.COLUMNS),
+        keys.alias("keys"),
+        _valued_columns().alias("valued"),
+        F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias("partial"),
+        F.when(is_row, identifying_image()).alias("identifying"),
+    )
+    # A NULL key value would make every such row of the table one row (their keys are equal): counted here, in the
+    # summary's own job, so that only a batch that has some pays for finding them (Pipeline._misfit_reason).
+    identifying = F.col("identifying")
+    null_key = F.coalesce(F.exists(F.col("keys"), lambda k: identifying[k].isNull()), F.lit(False))
     summary = (
-        relevant.select(
-            model.DATABASE,
-            model.SCHEMA,
-            model.TABLE,
-            op.alias("op"),
-            effective_order(relevant).alias(ORDER),
-            F.col(model.COLUMNS),
-            keys.alias("keys"),
-            _valued_columns().alias("valued"),
-            F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias("partial"),
-        )
+        staged.select("*", (identifying.isNotNull() & null_key).alias("null_key"))
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
@@ -394,6 +411,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             F.sum(F.when(F.col("op") == Op.DDL, 1).otherwise(0)).alias("ddl_count"),
             F.sum(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), 1).otherwise(0)).alias("row_events"),
             F.sum(F.when(F.col("partial"), 1).otherwise(0)).alias("partial_events"),
+            F.sum(F.when(F.col("null_key"), 1).otherwise(0)).alias("null_key_events"),
         )
         .collect()
     )
@@ -441,4 +459,5 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         plan.ddl_count += row["ddl_count"]
         plan.row_events += row["row_events"]
         plan.partial_events += row["partial_events"]
+        plan.null_key_events += row["null_key_events"]
     return list(plans.values())

@@ -988,8 +988,9 @@ class Pipeline:
         constraints: Mapping[str, dict[str, str]],
         events: DataFrame,
     ) -> tuple[Column | None, set[str]]:
-        """Per event: why it does not fit the lake table (null when it fits): a value that does not fit the table's
-        column type, or a row that does not meet one of the table's CHECK ``constraints`` (by table id;
+        """Per event: why it does not fit the lake table (null when it fits): a key value that is NULL (for the
+        tables whose plan counted some), a value that does not fit the table's column type, or a row that does
+        not meet one of the table's CHECK ``constraints`` (by table id;
         :mod:`cdclake.constraints`). And the ids of the tables with a constraint that cannot be checked on the
         events' images (:meth:`_refuse_rows_not_meeting_constraints` checks them on the rows a MERGE would write).
 
@@ -1016,6 +1017,17 @@ class Pipeline:
                 for key, types in sorted(plan.declared_types.items())
                 if key in stored and types - {stored[key][1]}
             ]
+            if plan.null_key_events and plan.key_columns:
+                rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+                identifying = apply.identifying_image()
+                for key in plan.key_columns:
+                    message = F.lit(
+                        f"key column {key} is NULL (or missing) in the row's image: the row cannot be identified, "
+                        "and rows with a NULL key would all become one row (set `keys` for the table to columns "
+                        "that are never NULL)"
+                    )
+                    unkeyed = rows & identifying.isNotNull() & identifying[key].isNull()
+                    reason = F.when(unkeyed, message) if reason is None else reason.when(unkeyed, message)
             for name, declared, table_type in differing:
                 message = F.lit(
                     f"value of column {name} (declared {', '.join(declared)}) does not fit the lake table's type "
