@@ -57,6 +57,8 @@ class TableFinding:
         partitioning_note: how the lake table's partitioning would differ from what ``partition_by`` gives: an
             existing table partitioned otherwise (it keeps its partitioning), or a new table's partition columns
             that the messages do not carry (it would be created without them); None when it would not.
+        null_keys: sampled row events with no value in a key column (they would be dead letters: rows with a NULL
+            key cannot be told apart).
     """
 
     name: str
@@ -72,6 +74,7 @@ class TableFinding:
     setting_warning: str | None = None
     properties_to_set: dict[str, str] = field(default_factory=dict)
     partitioning_note: str | None = None
+    null_keys: int = 0
 
     @property
     def refused_by_setting(self) -> int:
@@ -116,10 +119,15 @@ class CheckReport:
         return sum(table.refused_by_setting for table in self.tables)
 
     @property
+    def null_keys(self) -> int:
+        """Sampled row events of landing tables with a NULL key value (``TableFinding.null_keys``)."""
+        return sum(table.null_keys for table in self.tables if table.lands == "yes")
+
+    @property
     def ok(self) -> bool:
-        """No sampled message would be a dead letter: each decodes, its table's settings fit it, and each row meets
-        its lake table's CHECK constraints (an empty sample is no failure)."""
-        return self.failed == 0 and self.unmet == 0 and self.refused_by_settings == 0
+        """No sampled message would be a dead letter: each decodes, its table's settings fit it, its key has values,
+        and each row meets its lake table's CHECK constraints (an empty sample is no failure)."""
+        return self.failed == 0 and self.unmet == 0 and self.refused_by_settings == 0 and self.null_keys == 0
 
 
 def check_pipeline(
@@ -159,13 +167,23 @@ def _failures(events: DataFrame, report: CheckReport, shown: int) -> None:
 def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
     settings, sink = pipeline.settings, pipeline.sink
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
+    good = events.where(F.col(model.ERROR).isNull() & F.col(model.TABLE).isNotNull())
+    is_row = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+    # As a run finds them (apply.plan_tables): the keys it would use, read in the image that identifies the row.
+    staged = good.select(
+        "*",
+        apply.effective_keys(good, settings.keys).alias("_keys"),
+        F.when(is_row, apply.identifying_image()).alias("_identifying"),
+    )
+    identifying = F.col("_identifying")
+    null_key = identifying.isNotNull() & F.exists(F.col("_keys"), lambda k: identifying[k].isNull())
     per_table = (
-        events.where(F.col(model.ERROR).isNull() & F.col(model.TABLE).isNotNull())
-        .groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
+        staged.groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
         .agg(
             F.collect_list(model.OP).alias("ops"),
             F.max(F.when(F.size(model.KEY_COLUMNS) > 0, F.col(model.KEY_COLUMNS))).alias("keys"),
             F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.map_keys(image))))).alias("columns"),
+            F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
         )
         .orderBy(model.DATABASE, model.SCHEMA, model.TABLE)
         .collect()
@@ -215,6 +233,8 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 setting_warning=unordered.text if unordered and unordered.warning_only else None,
                 properties_to_set=sink.properties_to_set(*ident) if stored is not None and lake_table else {},
                 partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
+                # Events a missing key column already refuses are counted there (setting_problem).
+                null_keys=0 if key_problem is not None else int(row["null_keys"] or 0),
             )
         )
     return findings

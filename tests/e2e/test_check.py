@@ -146,3 +146,38 @@ def test_check_reports_what_a_run_would_do_and_writes_nothing(
         (None, "sequence_by pattern *: inv.stock has no column updated_at; keeping its position")
     ]
     assert report.refused_by_settings == 0
+
+
+def test_check_counts_the_rows_whose_key_is_null(spark, kafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A configured key column that is NULL in a row: the run would dead-letter it, and the check says so."""
+    topic = f"check-{uuid.uuid4().hex[:8]}"
+    broker.create_topics(kafka, {topic: 1})
+    messages = [
+        stock("INSERT", 1, None, {"code": "a", "qty": 1}, "LONG"),
+        stock("INSERT", 2, None, {"code": None, "qty": 2}, "LONG"),
+        stock("DELETE", 3, {"code": None, "qty": 2}, None, "LONG"),
+    ]
+    broker.produce(kafka, topic, [(None, m.encode()) for m in messages], partition=0)
+    config = PipelineConfig(
+        name="check-null-keys",
+        lake=str(tmp_path / "lake"),
+        kafka=KafkaConfig(bootstrap_servers=kafka, topics=[topic]),
+        format="dataworks-json",
+        keys={"inv.stock": ["code"]},
+        trigger=TriggerConfig(available_now=True),
+    )
+    report = check_pipeline(spark, config)
+    assert [(t.name, t.key_columns, t.null_keys) for t in report.tables] == [("inv.stock", ["code"], 2)]
+    assert (report.failed, report.null_keys, report.ok) == (0, 2, False)
+    keyed_by_qty = check_pipeline(spark, config.model_copy(update={"keys": {"inv.stock": ["qty"]}}))
+    assert (keyed_by_qty.null_keys, keyed_by_qty.ok) == (0, True)
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)), encoding="utf-8")
+    checked = CliRunner().invoke(app, ["check", str(path)])
+    assert checked.exit_code == 1, checked.output
+    assert "2 events of inv.stock would be dead letters: a key column (code) is NULL in their row" in " ".join(
+        checked.output.split()
+    )

@@ -478,6 +478,12 @@ def check(
             out.print(f"lake table {found.lake_table} would get table properties {changes} (table_properties)")
         if found.partitioning_note:
             out.print(f"{found.name}: {found.partitioning_note}")
+        if found.null_keys and found.lands == "yes":
+            out.print(
+                f"{found.null_keys} events of {found.name} would be dead letters: a key column "
+                f"({', '.join(found.key_columns)}) is NULL in their row, and rows with a NULL key cannot be told apart "
+                "(set `keys` for the table to columns that are never NULL)"
+            )
         for constraint, count in found.unmet_constraints.items():
             out.print(
                 f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "
