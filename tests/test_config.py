@@ -149,8 +149,8 @@ def test_unreadable_and_invalid_yaml_files(tmp_path) -> None:
 
 
 def test_the_readme_examples_are_valid_configurations() -> None:
-    """The README's pipeline example, and each of its fragments (table properties, partitioning, history) added to
-    it, load as they are documented."""
+    """The README's pipeline example, and each of its fragments (table properties, partitioning, history, Debezium
+    Avro's registry) added to it, load as they are documented."""
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     pipeline, *fragments = (yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, re.S))
     config = parse_config(pipeline)
@@ -160,8 +160,9 @@ def test_the_readme_examples_are_valid_configurations() -> None:
     assert config.table_properties == {"shop.*": {"delta.enableChangeDataFeed": "true"}}
     assert config.partition_by == {"shop.orders": ["region"]}
     fragment_keys = sorted(key for fragment in fragments for key in fragment)
-    assert fragment_keys == ["history", "partition_by", "table_properties"]
+    assert fragment_keys == ["format", "format_options", "history", "partition_by", "table_properties"]
     with_fragments = [parse_config({**pipeline, **fragment}) for fragment in fragments]
+    assert any(c.format_options.get("debezium-avro", {}).get("schema_registry_url") for c in with_fragments)
     assert any(c.history.changelog is True for c in with_fragments)
     retention = {"delta.logRetentionDuration": "interval 60 days"}
     assert any(c.table_properties.get("*") == retention for c in with_fragments)
