@@ -738,6 +738,22 @@ def test_files_a_killed_creation_left_do_not_stop_the_next_one(spark, tmp_path: 
     assert properties["delta.dataSkippingStatsColumns"] == "`id`,_cdc_position"
 
 
+def test_a_table_created_beside_leftovers_gets_its_partitioning(spark, tmp_path: Path) -> None:
+    """The creation beside a killed creation's files goes through Delta's path writer, not DataFrameWriterV2: it
+    partitions the table as ``partition_by`` says all the same."""
+    from dataclasses import replace
+
+    from cdclake.pipeline import Pipeline
+
+    table, frame, settings = _after_a_killed_creation(spark, tmp_path)
+    Pipeline(spark, replace(settings, partition_by={"crm.t": ["v"]})).process_batch(frame, 4)
+    assert sorted((r["id"], r["v"]) for r in read_table(str(table))) == [(0, "v0"), (1, "v1")]
+    detail = DeltaTable.forPath(spark, str(table)).detail().first()
+    assert detail is not None
+    assert list(detail["partitionColumns"]) == ["v"]
+    assert sorted(p.name for p in table.glob("v=*")) == ["v=v0", "v=v1"]
+
+
 class _KilledBeforeThePropertiesError(Exception):
     """Stands for the process being killed between the two commits of DeltaSink._create_beside_leftovers."""
 

@@ -53,6 +53,7 @@ from cdclake.sinks.partitioning import (
     fitting,
     missing_columns,
     on_columns,
+    partitioned,
 )
 from cdclake.spark import cloned_session, in_session, jvm_causes, local_frame, session_settings
 from cdclake.tables import PerTable, TableRoutes
@@ -1207,10 +1208,8 @@ class DeltaSink:
         writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
-        if partitioning:
-            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
         try:
-            writer.create()
+            partitioned(writer, partitioning).create()
         except (Py4JJavaError, CapturedException) as exc:
             if self._conflict_name(exc, jvm_causes(exc)) is None and not _already_exists(exc):
                 raise

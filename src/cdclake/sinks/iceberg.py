@@ -58,7 +58,7 @@ from cdclake.sinks.delta import (
     source_properties,
     sql_string,
 )
-from cdclake.sinks.partitioning import Partitioning, fitting, from_iceberg, on_columns
+from cdclake.sinks.partitioning import Partitioning, fitting, from_iceberg, on_columns, partitioned
 from cdclake.spark import in_session
 from cdclake.tables import PerTable, TableRoutes
 
@@ -319,11 +319,9 @@ class IcebergSink(DeltaSink):
         writer = in_session(rows, self.spark).writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
-        if partitioning:
-            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
         try:
             with self._commit(path, self._marker):
-                writer.create()
+                partitioned(writer, partitioning).create()
         except (Py4JJavaError, CapturedException):
             if not self._user_table_exists(path):
                 raise
@@ -426,9 +424,7 @@ class IcebergSink(DeltaSink):
         writer = rows.writeTo(self._identifier_of(path)).using("iceberg")
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
-        if partitioning:
-            writer = writer.partitionedBy(*(field.writer_column() for field in partitioning))
-        writer.createOrReplace()
+        partitioned(writer, partitioning).createOrReplace()
 
     def copy_rows(self, source: Identity, target: Identity, txn: Txn | None) -> None:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""

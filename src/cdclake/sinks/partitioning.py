@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrameWriterV2
 from pyspark.sql import functions as F
 
 from cdclake.exceptions import ConfigError
@@ -212,3 +212,9 @@ def missing_columns(partitioning: Partitioning, columns: Sequence[str]) -> list[
 def described(partitioning: Partitioning) -> str:
     """``partitioning`` as a reader of a log line or report sees it: ``(region, days(created_at))``."""
     return "(" + ", ".join(str(field) for field in partitioning) + ")" if partitioning else "(none)"
+
+
+def partitioned(writer: DataFrameWriterV2, partitioning: Partitioning) -> DataFrameWriterV2:
+    """``writer`` (a ``DataFrameWriterV2`` that creates or replaces a table) partitioned by ``partitioning``; as it is
+    without fields."""
+    return writer.partitionedBy(*(field.writer_column() for field in partitioning)) if partitioning else writer
