@@ -35,7 +35,7 @@ from pyspark.sql.types import DataType, StructType
 
 from benchmarks.workload import Workload, message_frame
 from cdclake import model
-from cdclake.formats import decode_batch, get_format
+from cdclake.formats import debezium_avro, decode_batch, get_format
 from cdclake.formats.base import MESSAGE_COLUMNS
 
 SCHEMA_ATTRIBUTES = ("RAW_SCHEMA", "ENVELOPE_SCHEMA", "AVRO_SCHEMA")
@@ -123,11 +123,11 @@ def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tupl
     ``from_avro`` of that id's schema and projected to the envelope's leaves (padded with NULLs to the same count),
     all ids' frames in one union."""
     wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
-    schema_id = F.conv(F.hex(F.substring(F.col("value"), 2, 4)), 16, 10).cast("bigint")
+    schema_id = debezium_avro.schema_id(F.col("value"))
+    body = F.substring(F.col("value"), debezium_avro.HEADER_BYTES + 1, 1 << 30)
     frames = []
     for key, schema in sorted(schemas.items(), key=lambda item: int(item[0])):
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        body = F.substring(F.col("value"), 6, 1 << 30)
         own = messages.where(schema_id == int(key)).select(
             *MESSAGE_COLUMNS, from_avro(body, text, {"mode": "PERMISSIVE"}).alias("_m")
         )

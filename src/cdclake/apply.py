@@ -374,6 +374,13 @@ def identifying_image() -> Column:
     return F.when(F.col(model.OP) == Op.DELETE.value, before).otherwise(F.coalesce(after, before))
 
 
+def lacks_key_value(keys: Column, identifying: Column) -> Column:
+    """Whether an event's ``identifying`` image (:func:`identifying_image`, staged as a column: the lambda reads it
+    per key) holds no value for one of its ``keys``; never null, false for an event without that image."""
+    missing = F.coalesce(F.exists(keys, lambda k: identifying[k].isNull()), F.lit(False))
+    return identifying.isNotNull() & missing
+
+
 def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
     """Summarises, per table, the column lists, keys and truncates of a batch (a handful of rows to the driver)."""
     op = F.col(model.OP)
@@ -395,10 +402,8 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
     )
     # A NULL key value would make every such row of the table one row (their keys are equal): counted here, in the
     # summary's own job, so that only a batch that has some pays for finding them (Pipeline._misfit_reason).
-    identifying = F.col("identifying")
-    null_key = F.coalesce(F.exists(F.col("keys"), lambda k: identifying[k].isNull()), F.lit(False))
     summary = (
-        staged.select("*", (identifying.isNotNull() & null_key).alias("null_key"))
+        staged.select("*", lacks_key_value(F.col("keys"), F.col("identifying")).alias("null_key"))
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),

@@ -175,8 +175,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         apply.effective_keys(good, settings.keys).alias("_keys"),
         F.when(is_row, apply.identifying_image()).alias("_identifying"),
     )
-    identifying = F.col("_identifying")
-    null_key = identifying.isNotNull() & F.exists(F.col("_keys"), lambda k: identifying[k].isNull())
+    null_key = apply.lacks_key_value(F.col("_keys"), F.col("_identifying"))
     per_table = (
         staged.groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
         .agg(
