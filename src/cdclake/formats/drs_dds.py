@@ -60,18 +60,26 @@ VENDOR_TYPE: Final = "mongo"
 # drs.md 5 "Parsing": Mongo-shell constructors -> JSON (Java regex, Java replacement syntax). The MongoDB Java
 # driver's shell mode (JsonMode.SHELL, the `{"_id": ObjectId(...), ...}` layout of the drs.md samples) writes some
 # constructors with `new`: `new BinData(0, "...")` and, for dates outside years 0-9999, `new Date(<epoch ms>)`.
-_NEW: Final = r"(?:\bnew\s+)?"
-SHELL_REWRITES: Final = (
-    (_NEW + r'ObjectId\(\s*"([0-9A-Fa-f]*)"\s*\)', '"$1"'),
-    (_NEW + r'ISODate\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (_NEW + r"\bDate\(\s*(-?\d+)\s*\)", "$1"),
-    (_NEW + r'UUID\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (_NEW + r'NumberLong\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (_NEW + r'NumberInt\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (_NEW + r'NumberDecimal\(\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*\)', "$1"),
-    (_NEW + r'BinData\(\s*(\d+)\s*,\s*"([^"]*)"\s*\)', '{"\\$binary":"$2","\\$type":"$1"}'),
-    (_NEW + r"Timestamp\(\s*(\d+)\s*,\s*(\d+)\s*\)", '{"\\$timestamp":{"t":$1,"i":$2}}'),
+# Every pattern starts with its literal name, so that Java scans for it (Boyer-Moore) instead of trying a pattern at
+# every character: the word boundaries are look-behinds after the name (`\b` is Java's letter, digit or `_`), and
+# `new` goes in a pass of its own, only where a whole constructor follows. Measured on the DRS DDS benchmark's
+# documents (80,000, 2 cores, warm): 1.4-1.8 s with `(?:\bnew\s+)?` in front of each pattern, 0.4-0.6 s like this.
+_WORD_BEFORE: Final = r"[\p{L}\p{Nd}_]"
+_CONSTRUCTORS: Final = (
+    (r'ObjectId\(\s*"([0-9A-Fa-f]*)"\s*\)', '"$1"'),
+    (r'ISODate\(\s*"([^"]*)"\s*\)', '"$1"'),
+    (rf"Date(?<!{_WORD_BEFORE}Date)\(\s*(-?\d+)\s*\)", "$1"),
+    (r'UUID\(\s*"([^"]*)"\s*\)', '"$1"'),
+    (r'NumberLong\(\s*"?(-?\d+)"?\s*\)', "$1"),
+    (r'NumberInt\(\s*"?(-?\d+)"?\s*\)', "$1"),
+    (r'NumberDecimal\(\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*\)', "$1"),
+    (r'BinData\(\s*(\d+)\s*,\s*"([^"]*)"\s*\)', '{"\\$binary":"$2","\\$type":"$1"}'),
+    (r"Timestamp\(\s*(\d+)\s*,\s*(\d+)\s*\)", '{"\\$timestamp":{"t":$1,"i":$2}}'),
 )
+_NEW_BEFORE_CONSTRUCTOR: Final = (
+    rf"new(?<!{_WORD_BEFORE}new)\s+(?=" + "|".join(f"(?:{pattern})" for pattern, _ in _CONSTRUCTORS) + ")"
+)
+SHELL_REWRITES: Final = ((_NEW_BEFORE_CONSTRUCTOR, ""), *_CONSTRUCTORS)
 DOCUMENT: Final = "MAP<STRING, VARIANT>"
 
 
