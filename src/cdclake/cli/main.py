@@ -216,7 +216,9 @@ def replay(
     files: Annotated[list[str], typer.Argument(help="Capture files, applied in this order.")],
     format_name: Annotated[
         str | None,
-        typer.Option("--format", help="Format name (see `cdclake formats`), or `auto` for JSON formats."),
+        typer.Option(
+            "--format", help="Format name (see `cdclake formats`), or `auto` to recognise it from the first messages."
+        ),
     ] = None,
     lake: LakeOption = None,
     config: Annotated[
