@@ -41,14 +41,14 @@ def _is_canal_shaped(message: Any) -> bool:
 def detect_format(samples: Iterable[bytes | str]) -> str:
     """The single registered format that every sample is in: told by its leading bytes (binary) or by the format's
     ``sniff`` (JSON, every parseable sample); raises :class:`InputError` naming the candidates when there is none."""
-    samples = [s.encode("utf-8") if isinstance(s, str) else s for s in samples]
+    messages = [s.encode("utf-8") if isinstance(s, str) else s for s in samples]
     parsed = []
-    for sample in samples:
+    for sample in messages:
         try:
             parsed.append(json.loads(sample.decode("utf-8", "replace")))
         except ValueError:
             continue
-    binary = {formats for formats in map(_binary_candidates, samples) if formats}
+    binary = {formats for formats in map(_binary_candidates, messages) if formats}
     if binary:
         return _binary_format(binary, with_json=bool(parsed))
     if not parsed:
