@@ -7,28 +7,28 @@ from pyspark.sql import functions as F
 
 from cdclake.formats.drs_dds import shell_to_json
 
-# (shell text, JSON text): constructors with and without `new`, and look-alikes that stay as they are.
+# (shell text, JSON text): constructors in a value's place, with and without `new`, and look-alikes that stay.
 REWRITES = [
     ('{"_id": ObjectId("5f1a")}', '{"_id": "5f1a"}'),
-    ('new ObjectId("ab")', '"ab"'),
-    ("x new  Date(12)", "x 12"),
-    ("new Date(-5)", "-5"),
-    ('ISODate("2020-01-01T00:00:00Z")', '"2020-01-01T00:00:00Z"'),
-    ('new BinData(0, "AA==")', '{"$binary":"AA==","$type":"0"}'),
-    ('new NumberDecimal("1.5e3")', "1.5e3"),
-    ('NumberLong("5") NumberInt(7)', "5 7"),
-    ("new Timestamp(1, 2)", '{"$timestamp":{"t":1,"i":2}}'),
-    ('new UUID("x")', '"x"'),
-    # `new` belongs to the constructor only as a whole word, and only before a whole constructor.
-    ('renew ObjectId("ab")', 'renew "ab"'),
-    ("_new Date(3)", "_new 3"),
-    ("new Date(abc)", "new Date(abc)"),
-    ('new ObjectId("zz")', 'new ObjectId("zz")'),
-    ("newDate(1)", "newDate(1)"),
-    # Date only as a word of its own (Java's \b: a letter, digit or `_` before it joins the word).
-    ("éDate(5)", "éDate(5)"),
-    ("x_Date(5)", "x_Date(5)"),
-    ("9Date(5)", "9Date(5)"),
+    ('{"a": new ObjectId("ab")}', '{"a": "ab"}'),
+    ('{"a": new  Date(12), "b": Date(-5)}', '{"a": 12, "b": -5}'),
+    ('{"a": ISODate("2020-01-01T00:00:00Z")}', '{"a": "2020-01-01T00:00:00Z"}'),
+    ('{"a": new BinData(0, "AA==")}', '{"a": {"$binary":"AA==","$type":"0"}}'),
+    ('{"a": new NumberDecimal("1.5e3")}', '{"a": 1.5e3}'),
+    ('{"a": [NumberLong("5"), NumberInt(7)]}', '{"a": [5, 7]}'),
+    ('{"a": {"b": new Timestamp(1, 2)}}', '{"a": {"b": {"$timestamp":{"t":1,"i":2}}}}'),
+    ('{"a": new UUID("x")}', '{"a": "x"}'),
+    ('{\n  "a":\n    NumberLong(3)\n}', '{\n  "a":\n    3\n}'),
+    # Inside a string value: left as it is (a constructor with a quoted argument has escaped quotes there).
+    ('{"note": "retry after Date(1700000000)"}', '{"note": "retry after Date(1700000000)"}'),
+    ('{"note": "NumberLong(5) and Timestamp(1, 2)"}', '{"note": "NumberLong(5) and Timestamp(1, 2)"}'),
+    ('{"note": "see ObjectId(\\"ab\\")"}', '{"note": "see ObjectId(\\"ab\\")"}'),
+    ('{"note": "renew NumberInt(4)"}', '{"note": "renew NumberInt(4)"}'),
+    # Not whole constructors: left as they are (the JSON parse then fails: a dead letter).
+    ('{"a": new Date(abc)}', '{"a": new Date(abc)}'),
+    ('{"a": new ObjectId("zz")}', '{"a": new ObjectId("zz")}'),
+    ('{"a": newDate(1)}', '{"a": newDate(1)}'),
+    ('{"a": xDate(5)}', '{"a": xDate(5)}'),
 ]
 
 

@@ -60,26 +60,39 @@ VENDOR_TYPE: Final = "mongo"
 # drs.md 5 "Parsing": Mongo-shell constructors -> JSON (Java regex, Java replacement syntax). The MongoDB Java
 # driver's shell mode (JsonMode.SHELL, the `{"_id": ObjectId(...), ...}` layout of the drs.md samples) writes some
 # constructors with `new`: `new BinData(0, "...")` and, for dates outside years 0-9999, `new Date(<epoch ms>)`.
-# Every pattern starts with its literal name, so that Java scans for it (Boyer-Moore) instead of trying a pattern at
-# every character: the word boundaries are look-behinds after the name (`\b` is Java's letter, digit or `_`), and
-# `new` goes in a pass of its own, only where a whole constructor follows. Measured on the DRS DDS benchmark's
-# documents (80,000, 2 cores, warm): 1.4-1.8 s with `(?:\bnew\s+)?` in front of each pattern, 0.4-0.6 s like this.
-_WORD_BEFORE: Final = r"[\p{L}\p{Nd}_]"
+# * Only constructors in a value's place are rewritten: after `:`, `[` or `,` (and white space), before `,`, `}`, `]`
+#   or the end. A string value whose text holds one (`"retry after Date(1700000000)"`) is left as it is; the
+#   constructors whose argument is quoted cannot match inside a string anyway (its quotes are escaped there).
+# * Every pattern starts with its literal name, so that Java scans for it (Boyer-Moore) instead of trying a pattern
+#   at every character; what must precede the name is a look-behind after it, and `new` goes in a pass of its own,
+#   only where a whole constructor follows. Measured on the DRS DDS benchmark's documents (80,000, 2 cores, warm):
+#   1.4-1.8 s with `(?:\bnew\s+)?` in front of each pattern, 0.4-0.6 s like this.
+_VALUE_BEFORE: Final = r"[:\[,]\s{0,100}"
+_VALUE_AFTER: Final = r"(?=\s*+(?:[,}\]]|\z))"
+# (name, arguments, replacement)
 _CONSTRUCTORS: Final = (
-    (r'ObjectId\(\s*"([0-9A-Fa-f]*)"\s*\)', '"$1"'),
-    (r'ISODate\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (rf"Date(?<!{_WORD_BEFORE}Date)\(\s*(-?\d+)\s*\)", "$1"),
-    (r'UUID\(\s*"([^"]*)"\s*\)', '"$1"'),
-    (r'NumberLong\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (r'NumberInt\(\s*"?(-?\d+)"?\s*\)', "$1"),
-    (r'NumberDecimal\(\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*\)', "$1"),
-    (r'BinData\(\s*(\d+)\s*,\s*"([^"]*)"\s*\)', '{"\\$binary":"$2","\\$type":"$1"}'),
-    (r"Timestamp\(\s*(\d+)\s*,\s*(\d+)\s*\)", '{"\\$timestamp":{"t":$1,"i":$2}}'),
+    ("ObjectId", r'\s*"([0-9A-Fa-f]*)"\s*', '"$1"'),
+    ("ISODate", r'\s*"([^"]*)"\s*', '"$1"'),
+    ("Date", r"\s*(-?\d+)\s*", "$1"),
+    ("UUID", r'\s*"([^"]*)"\s*', '"$1"'),
+    ("NumberLong", r'\s*"?(-?\d+)"?\s*', "$1"),
+    ("NumberInt", r'\s*"?(-?\d+)"?\s*', "$1"),
+    ("NumberDecimal", r'\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*', "$1"),
+    ("BinData", r'\s*(\d+)\s*,\s*"([^"]*)"\s*', '{"\\$binary":"$2","\\$type":"$1"}'),
+    ("Timestamp", r"\s*(\d+)\s*,\s*(\d+)\s*", '{"\\$timestamp":{"t":$1,"i":$2}}'),
 )
 _NEW_BEFORE_CONSTRUCTOR: Final = (
-    rf"new(?<!{_WORD_BEFORE}new)\s+(?=" + "|".join(f"(?:{pattern})" for pattern, _ in _CONSTRUCTORS) + ")"
+    rf"new(?<={_VALUE_BEFORE}new)\s+(?=(?:"
+    + "|".join(rf"{name}\({arguments}\)" for name, arguments, _ in _CONSTRUCTORS)
+    + rf"){_VALUE_AFTER})"
 )
-SHELL_REWRITES: Final = ((_NEW_BEFORE_CONSTRUCTOR, ""), *_CONSTRUCTORS)
+SHELL_REWRITES: Final = (
+    (_NEW_BEFORE_CONSTRUCTOR, ""),
+    *(
+        (rf"{name}(?<={_VALUE_BEFORE}{name})\({arguments}\){_VALUE_AFTER}", replacement)
+        for name, arguments, replacement in _CONSTRUCTORS
+    ),
+)
 DOCUMENT: Final = "MAP<STRING, VARIANT>"
 
 
