@@ -24,6 +24,8 @@ REWRITES = [
     ('{"note": "NumberLong(5) and Timestamp(1, 2)"}', '{"note": "NumberLong(5) and Timestamp(1, 2)"}'),
     ('{"note": "see ObjectId(\\"ab\\")"}', '{"note": "see ObjectId(\\"ab\\")"}'),
     ('{"note": "renew NumberInt(4)"}', '{"note": "renew NumberInt(4)"}'),
+    # The limit (drs_dds module): a string that itself puts one in a value's place is rewritten.
+    ('{"note": "a: Date(5), b"}', '{"note": "a: 5, b"}'),
     # Not whole constructors: left as they are (the JSON parse then fails: a dead letter).
     ('{"a": new Date(abc)}', '{"a": new Date(abc)}'),
     ('{"a": new ObjectId("zz")}', '{"a": new ObjectId("zz")}'),

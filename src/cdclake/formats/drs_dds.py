@@ -61,8 +61,10 @@ VENDOR_TYPE: Final = "mongo"
 # driver's shell mode (JsonMode.SHELL, the `{"_id": ObjectId(...), ...}` layout of the drs.md samples) writes some
 # constructors with `new`: `new BinData(0, "...")` and, for dates outside years 0-9999, `new Date(<epoch ms>)`.
 # * Only constructors in a value's place are rewritten: after `:`, `[` or `,` (and white space), before `,`, `}`, `]`
-#   or the end. A string value whose text holds one (`"retry after Date(1700000000)"`) is left as it is; the
-#   constructors whose argument is quoted cannot match inside a string anyway (its quotes are escaped there).
+#   or the end. So a string value whose text holds one (`"retry after Date(1700000000)"`) keeps it, unless the
+#   string itself puts it in such a place (`"a: Date(5), b"`: a regular expression cannot tell a string's inside
+#   from a document's); the constructors whose argument is quoted cannot match inside a string (its quotes are
+#   escaped there).
 # * Every pattern starts with its literal name, so that Java scans for it (Boyer-Moore) instead of trying a pattern
 #   at every character; what must precede the name is a look-behind after it, and `new` goes in a pass of its own,
 #   only where a whole constructor follows. Measured on the DRS DDS benchmark's documents (80,000, 2 cores, warm):
