@@ -16,7 +16,9 @@ How documents land in tables (the spec leaves this to us):
   ``BinData(t, "b")`` -> ``{"$binary": "b", "$type": "t"}``, ``Timestamp(t, i)`` -> ``{"$timestamp": {"t", "i"}}``,
   ``Date(ms)`` -> the epoch milliseconds; each may be preceded by ``new`` (the MongoDB Java driver's shell mode
   writes ``new BinData(...)`` and, beyond year 9999, ``new Date(ms)``).
-  (A string value that itself contains such constructor text is rewritten too.)
+  Only a constructor in a value's place is rewritten (after ``:``, ``[`` or ``,``; before ``,``, ``}``, ``]`` or
+  the end), so a string value that mentions one keeps its text, unless the string itself puts it in such a place
+  (see the comment on ``SHELL_REWRITES``).
 * insert -> INSERT of the full document; UPDATE + ``replace`` -> UPDATE with the full replacement document
   (fields it lacks become NULL); UPDATE + ``update`` -> UPDATE with a partial image: ``$set`` fields get their
   new values, ``$unset`` fields are set to NULL, every other field keeps its stored value. Any other update
@@ -99,7 +101,7 @@ DOCUMENT: Final = "MAP<STRING, VARIANT>"
 
 
 def shell_to_json(text: Column) -> Column:
-    """Mongo-shell document text -> JSON text (see the module doc)."""
+    """Mongo-shell document text -> JSON text (see the module doc and the comment on ``SHELL_REWRITES``)."""
     for pattern, replacement in SHELL_REWRITES:
         text = F.regexp_replace(text, pattern, replacement)
     return text
