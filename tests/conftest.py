@@ -126,6 +126,7 @@ _LONG_FILES = (
     "tests/formats/test_lambda_invariants.py",  # 76
     "tests/e2e/test_format_replay.py",  # 74
     "tests/devtools/test_broker.py",  # 68
+    "tests/e2e/test_spark_submit.py",  # 41 alone (a spark-submit JVM of its own)
     "tests/e2e/test_property_streams.py",  # 67
     "tests/e2e/test_qlik_metadata.py",  # 59
     "tests/formats/test_golden.py",  # 51

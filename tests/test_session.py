@@ -253,3 +253,33 @@ def test_a_delta_commit_on_the_local_disk_starts_no_readlink_process(spark, tmp_
     assert from_log_store, "the recording saw none of the log store's processes (its chmod of the new file)"
     assert not [command for command in from_log_store if command.startswith("readlink")], from_log_store
     assert sorted(row.id for row in spark.read.format("delta").load(path).collect()) == [1, 1, 2]
+
+
+@pytest.mark.spark
+def test_a_session_without_delta_snapshot_partitions_gets_a_few_and_a_set_value_is_kept(spark, tmp_path: Path) -> None:
+    """A session that spark-submit built has Delta's 50 snapshot partitions: a pipeline sets one per core, at most
+    ``MAX_SNAPSHOT_PARTITIONS`` (cdclake.pipeline.snapshot_partitions has the figures). A value the session was
+    given is the user's and stays."""
+    from cdclake.pipeline import MAX_SNAPSHOT_PARTITIONS, SNAPSHOT_PARTITIONS, Pipeline, PipelineSettings
+
+    embedded = spark.conf.get(SNAPSHOT_PARTITIONS)
+    settings = PipelineSettings(lake=str(tmp_path / "lake"), app_id="partitions", default_format="canal-json")
+    try:
+        spark.conf.unset(SNAPSHOT_PARTITIONS)
+        Pipeline(spark, settings)
+        expected = min(MAX_SNAPSHOT_PARTITIONS, spark.sparkContext.defaultParallelism)
+        assert spark.conf.get(SNAPSHOT_PARTITIONS) == str(expected)
+        assert 1 <= expected < 50
+
+        spark.conf.set(SNAPSHOT_PARTITIONS, "7")
+        Pipeline(spark, settings)
+        assert spark.conf.get(SNAPSHOT_PARTITIONS) == "7"
+    finally:
+        spark.conf.set(SNAPSHOT_PARTITIONS, embedded)
+
+
+def test_snapshot_partitions_follow_the_cores_up_to_the_cap() -> None:
+    from cdclake.pipeline import MAX_SNAPSHOT_PARTITIONS, snapshot_partitions
+
+    assert [snapshot_partitions(cores) for cores in (0, 1, 2, 4)] == [1, 1, 2, 4]
+    assert snapshot_partitions(400) == MAX_SNAPSHOT_PARTITIONS

@@ -77,6 +77,26 @@ from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, TableRoute
 
 log = logging.getLogger(__name__)
 
+SNAPSHOT_PARTITIONS: Final = "spark.databricks.delta.snapshotPartitions"
+"""Delta's partitions for rebuilding a table version's file list, which every MERGE of a new version starts with."""
+
+MAX_SNAPSHOT_PARTITIONS: Final = 8
+
+
+def snapshot_partitions(default_parallelism: int) -> int:
+    """The Delta snapshot partitions cdclake sets on a session that has none (one spark-submit built, say).
+
+    Delta's default is 50: each table version's log replay is then a shuffle into 50 tasks, and a micro-batch
+    rebuilds one version per table it writes, lake and bookkeeping tables alike. CDC tables keep small logs (auto
+    compaction bounds their file counts), so most of those tasks have nothing to do. Measured with `spark-submit
+    --master local[2]` and `cdclake run` (one 269-message DataWorks batch into 3 tables, cold JVM, two runs each):
+    66.5 and 63.4 s with Delta's default, 32.4 and 44.6 s with 1 partition; the embedded session (which sets 1) took
+    38.4 and 38.9 s; with this rule (2 partitions there), 35.8 and 33.6 s against 30.5 s embedded. One partition
+    per core, up to :data:`MAX_SNAPSHOT_PARTITIONS`, so that a large table's log replay still spreads over a
+    cluster's cores. A value the session has (``--conf``) is kept."""
+    return max(1, min(MAX_SNAPSHOT_PARTITIONS, default_parallelism))
+
+
 SMALL_BATCH_MESSAGES: Final = 50_000
 """Batches of at most this many decoded events (``BatchResult.messages``) are applied with
 :data:`SMALL_BATCH_SETTINGS`."""
@@ -316,6 +336,8 @@ class Pipeline:
         # Spark still writes timestamps as legacy INT96 by default; other Delta readers (delta-rs, Trino, DuckDB)
         # expect the standard TIMESTAMP_MICROS with UTC semantics.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+            spark.conf.set(SNAPSHOT_PARTITIONS, str(snapshot_partitions(spark.sparkContext.defaultParallelism)))
         pin_jvm_classes(spark)  # for sessions that cdclake.spark.get_session did not make
         for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
             get_format(str(name))  # fail fast on unknown names
