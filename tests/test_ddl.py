@@ -8,6 +8,7 @@ batch (the statements must apply at their position in the stream either way).
 from __future__ import annotations
 
 import json
+import logging
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,20 @@ def test_dropping_and_renaming_columns_that_steer_merges(spark, tmp_path: Path) 
         {"at": 2, "text": "b"},
     ]
     assert read_table(f"{lake}/crm/account") == [{"account_id": 1, "name": "y"}]
+
+
+def test_a_statement_that_a_second_dialect_parses_logs_no_sqlglot_fallback(caplog: pytest.LogCaptureFixture) -> None:
+    """A source without a database type (Canal) gets sqlglot's default dialect, then MySQL's. The first attempt's
+    fallback to an opaque command is cdclake's to handle: sqlglot's warning about it is not passed on from
+    parse_ddl, while sqlglot used directly keeps it."""
+    import sqlglot
+
+    text = "ALTER TABLE `orders` ADD COLUMN `extra_1` bigint(20) NULL"
+    with caplog.at_level(logging.WARNING, logger="sqlglot"):
+        parsed = parse_ddl(text, db_type=None, database="shop", schema=None)
+    assert [(c.kind, c.column, c.spark_type) for c in parsed.changes] == [("add_column", "extra_1", "bigint")]
+    assert not [r for r in caplog.records if r.name == "sqlglot"]
+
+    with caplog.at_level(logging.WARNING, logger="sqlglot"):
+        sqlglot.parse_one(text)
+    assert any("Falling back" in r.getMessage() for r in caplog.records if r.name == "sqlglot")

@@ -27,7 +27,11 @@ whether a table column may change from one type to another without losing any st
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -140,7 +144,8 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
     # A source that does not say what it is (Canal speaks MySQL's binlog) gets a second chance in MySQL's dialect.
     for attempt in [dialect] if dialect else [None, "mysql"]:
         try:
-            statements = [s for s in sqlglot.parse(text, read=attempt) if s is not None]
+            with _sqlglot_fallbacks_quiet():
+                statements = [s for s in sqlglot.parse(text, read=attempt) if s is not None]
         except SqlglotError as exc:
             problem = f"cannot parse DDL: {str(exc).splitlines()[0][:200]}"
             continue
@@ -165,6 +170,35 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
     if isinstance(statement, exp.Command):
         return _unparsed(bare, "DDL syntax not understood")
     return ParsedDdl(ignored=f"{statement.key.upper()} statement does not change a table's columns")
+
+
+class _QuietWhileParsing(logging.Filter):
+    """Drops sqlglot's records in the threads that are inside :func:`_sqlglot_fallbacks_quiet`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parsing = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not getattr(self.parsing, "active", False)
+
+
+_QUIET = _QuietWhileParsing()
+logging.getLogger("sqlglot").addFilter(_QUIET)
+
+
+@contextmanager
+def _sqlglot_fallbacks_quiet() -> Iterator[None]:
+    """Without sqlglot's warning that it keeps a statement as an opaque command ("contains unsupported syntax.
+    Falling back to parsing as a 'Command'"): parse_ddl tries MySQL's dialect next, or records the statement as not
+    understood (schema_changes, and a dead letter or an error per the DDL policy). A MySQL ALTER from a source that
+    does not name its database type (Canal) logged it on every column it added, and then applied the change. Per
+    thread, so that other threads' use of sqlglot keeps its warnings."""
+    _QUIET.parsing.active = True
+    try:
+        yield
+    finally:
+        _QUIET.parsing.active = False
 
 
 def _unparsed(bare: str, reason: str) -> ParsedDdl:
