@@ -119,6 +119,7 @@ _LONG_FILES = (
     "tests/test_session.py",  # 106
     "tests/benchmarks/test_harness.py",  # 105
     "tests/formats/test_plan_reuse.py",  # 101
+    "tests/e2e/test_spark_submit.py",  # 98 in a full run, 60 alone (spark-submit JVMs of their own)
     "tests/test_ddl.py",  # 84
     "tests/test_constraints.py",  # 80
     "tests/e2e/test_routes.py",  # 78
@@ -126,7 +127,6 @@ _LONG_FILES = (
     "tests/formats/test_lambda_invariants.py",  # 76
     "tests/e2e/test_format_replay.py",  # 74
     "tests/devtools/test_broker.py",  # 68
-    "tests/e2e/test_spark_submit.py",  # 41 alone (a spark-submit JVM of its own)
     "tests/e2e/test_property_streams.py",  # 67
     "tests/e2e/test_qlik_metadata.py",  # 59
     "tests/formats/test_golden.py",  # 51
