@@ -41,6 +41,8 @@ def _submit(*arguments: str, options: tuple[str, ...] = ()) -> subprocess.Comple
     ]
     environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     environment.pop("PYSPARK_GATEWAY_PORT", None)
+    # The CLI wraps its messages at COLUMNS when set (a CI run had 80): the tests read them unwrapped.
+    environment["COLUMNS"] = "1000"
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=environment)
 
 
