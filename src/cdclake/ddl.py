@@ -189,11 +189,11 @@ logging.getLogger("sqlglot").addFilter(_QUIET)
 
 @contextmanager
 def _sqlglot_fallbacks_quiet() -> Iterator[None]:
-    """Without sqlglot's warning that it keeps a statement as an opaque command ("contains unsupported syntax.
-    Falling back to parsing as a 'Command'"): parse_ddl tries MySQL's dialect next, or records the statement as not
-    understood (schema_changes, and a dead letter or an error per the DDL policy). A MySQL ALTER from a source that
-    does not name its database type (Canal) logged it on every column it added, and then applied the change. Per
-    thread, so that other threads' use of sqlglot keeps its warnings."""
+    """Without sqlglot's records below ERROR, chiefly its warning that it keeps a statement as an opaque command
+    ("contains unsupported syntax. Falling back to parsing as a 'Command'"): parse_ddl tries MySQL's dialect next,
+    or records the statement as not understood (schema_changes, and a dead letter or an error per the DDL policy).
+    A MySQL ALTER from a source that does not name its database type (Canal) logged it on every column it added,
+    and then applied the change. Per thread, so that other threads' use of sqlglot keeps its warnings."""
     _QUIET.parsing.active = True
     try:
         yield

@@ -227,8 +227,7 @@ def _ensure_delta(session: SparkSession) -> None:
         raise EnvironmentSetupError(
             "the Spark session has no Delta Lake extension. Submit with "
             f"--packages {','.join(MAVEN_PACKAGES)} "
-            "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
-            "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog"
+            + " ".join(f"--conf {key}={value}" for key, value in DELTA_CONF.items())
         )
 
 
