@@ -10,12 +10,14 @@ JSON-C) shares one layout that cannot be told apart reliably: detection stops an
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable
 from typing import Any
 
 from cdclake.exceptions import InputError
 from cdclake.formats import debezium_avro, drs_avro, list_formats, qlik
+from cdclake.sources import files
 
 CANAL_FAMILY = ("canal-json", "dts-canal-json", "drs-json-mysql", "drs-jsonc-mysql")
 ZERO_FIRST_BYTE = ("debezium-avro", "dts-avro")
@@ -90,15 +92,36 @@ def _binary_format(candidates: set[tuple[str, ...]], with_json: bool) -> str:
 
 
 def sample_lines(paths: Iterable[str], encoding: str, limit: int = 20) -> list[bytes]:
-    """Up to ``limit`` non-empty messages from the start of the capture files."""
-    import base64
-
+    """Up to ``limit`` non-empty messages from the start of the capture files (records without a value left out)."""
     samples: list[bytes] = []
     for path in paths:
         with open(path, "rb") as handle:
             for line in handle:
-                if line.strip():
-                    samples.append(base64.b64decode(line.strip(), validate=False) if encoding == "b64" else line)
+                if line.strip() and (message := _message_of_line(line, encoding)) is not None:
+                    samples.append(message)
                 if len(samples) >= limit:
                     return samples
     return samples
+
+
+def _message_of_line(line: bytes, encoding: str) -> bytes | None:
+    """The message a capture line holds, read as ``cdclake.sources.files`` reads it (here on the driver, for a
+    handful of samples: exact number text does not matter to recognition)."""
+    if encoding == "b64":
+        return base64.b64decode(line.strip(), validate=False)
+    if encoding != "records":
+        return line
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or not {*files.VALUE_FIELDS, *files.KEY_FIELDS} & record.keys():
+        return line
+    for name in files.VALUE_FIELDS:
+        value = record.get(name)
+        if value is None:
+            continue
+        if name.endswith("_b64") and isinstance(value, str):
+            return base64.b64decode(value, validate=False)
+        return value.encode("utf-8") if isinstance(value, str) else json.dumps(value).encode("utf-8")
+    return None

@@ -230,7 +230,12 @@ def replay(
         ),
     ] = None,
     input_encoding: Annotated[
-        str, typer.Option(help="lines: one JSON message per line; b64: one base64 binary message per line.")
+        str,
+        typer.Option(
+            help="lines: one JSON message per line; b64: one base64 binary message per line; records: one Kafka "
+            "record per line, a JSON object with the message and its key and timestamp (kcat -J output, or "
+            "key/value/timestamp; README: Replay captured messages)."
+        ),
     ] = "lines",
     keys: Annotated[
         list[str] | None,
@@ -284,13 +289,14 @@ def replay(
     iceberg_catalog: IcebergCatalogOption = None,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
-    if input_encoding not in ("lines", "b64"):
-        raise InputError(f"--input-encoding must be 'lines' or 'b64', not {input_encoding!r}")
+    from cdclake.sources.files import INPUT_ENCODINGS, check_files
+
+    if input_encoding not in INPUT_ENCODINGS:
+        raise InputError(f"--input-encoding must be 'lines', 'b64' or 'records', not {input_encoding!r}")
     from cdclake.formats import check_options, get_format
     from cdclake.pipeline import BatchResult
     from cdclake.runner import replay as run_replay
     from cdclake.runner import replay_files, replay_settings
-    from cdclake.sources.files import check_files
 
     key_map = _parse_keys(keys or [])
     format_options = _parse_options(option or [])
@@ -350,7 +356,7 @@ def replay(
                 spark,
                 settings,
                 files,
-                encoding=input_encoding,  # type: ignore[arg-type]
+                encoding=input_encoding,
                 batch_lines=batch_lines,
                 on_batch=progress,
             )
@@ -363,7 +369,7 @@ def replay(
                 lake=lake,
                 format_name=format_name,
                 paths=files,
-                encoding=input_encoding,  # type: ignore[arg-type]
+                encoding=input_encoding,
                 keys=key_map,
                 tables=tables,
                 routes=routes,

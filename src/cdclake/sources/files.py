@@ -1,4 +1,5 @@
-"""Captured messages in files, for replay and backfill: one message per line, JSON text or base64 binary.
+"""Captured messages in files, for replay and backfill: one message per line, as JSON text (``lines``), base64 of its
+bytes (``b64``), or a Kafka record with key and timestamp (``records``, see :func:`record_columns`).
 
 Messages keep file order: ``offset`` is ``file_index * 2**40 + line_index`` (so it sorts by file, then line) and
 ``topic`` is the file path. Each file is read as one Spark partition, which is what makes the line index follow the
@@ -13,13 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake.exceptions import InputError
 from cdclake.spark import release, session_settings
 
-InputEncoding = Literal["lines", "b64"]
+InputEncoding = Literal["lines", "b64", "records"]
+INPUT_ENCODINGS: tuple[InputEncoding, ...] = ("lines", "b64", "records")
+
+VALUE_FIELDS = ("value_b64", "value_avro_b64", "value", "payload")
+"""A record's value, first found first: base64 bytes (``value_avro_b64`` as the format specifications' example files
+write Avro messages), else the text of ``value`` (``payload`` as ``kcat -J`` writes it)."""
+KEY_FIELDS = ("key_b64", "key")
+TIMESTAMP_FIELDS = ("timestamp", "ts")
+"""Epoch milliseconds (``ts`` as ``kcat -J`` writes it) or ISO-8601 text."""
+_RECORD_SCHEMA = ", ".join(f"`{name}` STRING" for name in (*VALUE_FIELDS, *KEY_FIELDS, *TIMESTAMP_FIELDS))
 LINES_PER_FILE_LIMIT = 2**40
 
 
@@ -83,17 +93,62 @@ def read_file(spark: SparkSession, path: Path, index: int, encoding: InputEncodi
             F.col("value").alias("line"),
         ).localCheckpoint(eager=True)
     line = F.col("line")
+    key, timestamp = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
     if encoding == "b64":
         # A line that is not valid base64 is kept as its text, so that the dead letter shows it.
         value = F.coalesce(F.try_to_binary(F.trim(line), F.lit("base64")), F.encode(line, "UTF-8"))
+    elif encoding == "records":
+        key, value, timestamp = record_columns(line)
     else:
         value = F.encode(line, "UTF-8")
     messages = lines.select(
-        F.lit(None).cast("binary").alias("key"),
+        key.alias("key"),
         value.alias("value"),
         F.lit(str(path)).alias("topic"),
         F.lit(0).alias("partition"),
         F.col("offset"),
-        F.lit(None).cast("timestamp").alias("timestamp"),
+        timestamp.alias("timestamp"),
     )
     return CaptureFile(path, messages, lines.count(), lines)
+
+
+def record_columns(line: Column) -> tuple[Column, Column, Column]:
+    """Key, value and timestamp of a capture line that holds a Kafka record as a JSON object: ``kcat -J`` output
+    (``key``, ``payload``, ``ts``), a dump with ``key``/``value``/``timestamp``, the format specifications' example
+    files (``key``, ``value``, ``value_avro_b64``).
+
+    A JSON string is the message's text exactly. An object or array is the message as Spark's JSON writer renders it:
+    numbers with a fraction pass through a double (``7.50`` becomes ``7.5``), so a capture that needs exact numbers
+    writes its messages as strings (as ``kcat -J`` does unless told to decode them). Base64 fields hold binary
+    messages (Avro). A null or absent value is a Kafka tombstone. The record's topic, partition and offset are not
+    read: the file order is the order. A line that is not a record (not a JSON object, or one with no value or key
+    field) is taken whole as the message, as ``lines`` takes it, so that it decodes or becomes a dead letter that
+    shows it."""
+    record = F.from_json(line, _RECORD_SCHEMA, {"mode": "PERMISSIVE"})
+    message_fields = (*VALUE_FIELDS, *KEY_FIELDS)
+    # A field present with null (a tombstone's value) is told by the object's keys; json_object_keys reads strict
+    # JSON only, so a line that from_json reads more leniently (NaN in a readable rendering) counts by its values.
+    named = F.arrays_overlap(F.json_object_keys(line), F.array(*map(F.lit, message_fields)))
+    valued = F.coalesce(*(record[name] for name in message_fields)).isNotNull()
+    is_record = F.coalesce(named, F.lit(False)) | valued
+
+    def bytes_of(name: str) -> Column:
+        text = F.encode(record[name], "UTF-8")
+        if not name.endswith("_b64"):
+            return text
+        # Text that is not valid base64 is kept as it is, so that the dead letter shows it.
+        return F.coalesce(F.try_to_binary(F.trim(record[name]), F.lit("base64")), text)
+
+    def message(names: tuple[str, ...]) -> Column:
+        return F.coalesce(*map(bytes_of, names))
+
+    text_time = F.coalesce(*(record[name] for name in TIMESTAMP_FIELDS))
+    timestamp = F.when(text_time.rlike(r"^-?[0-9]+$"), F.timestamp_millis(text_time.try_cast("bigint"))).otherwise(
+        F.try_to_timestamp(text_time)
+    )
+    null_binary, null_time = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
+    return (
+        F.when(is_record, message(KEY_FIELDS)).otherwise(null_binary),
+        F.when(is_record, message(VALUE_FIELDS)).otherwise(F.encode(line, "UTF-8")),
+        F.when(is_record, timestamp).otherwise(null_time),
+    )

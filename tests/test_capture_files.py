@@ -1,0 +1,115 @@
+"""Capture files read as Kafka records (``--input-encoding records``): key, value and timestamp per line."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from cdclake.detect import detect_format, sample_lines
+from cdclake.sources.files import read_file
+from tests.formats.golden import CASES, message_bytes, read_jsonl
+
+MARCH_1_10_15_31 = 1_709_288_131_000_000
+"""2024-03-01T10:15:31Z in microseconds since the epoch."""
+
+RECORD_LINES = [
+    # kcat -J: the message and its key as strings (the exact text), ts in epoch milliseconds.
+    (
+        '{"topic":"t","partition":3,"offset":5,"tstype":"create","ts":1709288131000,"broker":1,'
+        '"key":"{\\"id\\":1}","payload":"{\\"a\\": 7.50, \\"b\\": 12345678901234567890.1234}"}',
+        (b'{"id":1}', b'{"a": 7.50, "b": 12345678901234567890.1234}', MARCH_1_10_15_31),
+    ),
+    # The format specifications' examples: the message as a JSON object, a `case` that is not read.
+    ('{"case":"x","key":{"id":2},"value":{"a":1,"s":"Zoë"}}', (b'{"id":2}', '{"a":1,"s":"Zoë"}'.encode(), None)),
+    # A tombstone: a key and a null value.
+    ('{"key":{"id":3},"payload":null,"ts":1709288131001}', (b'{"id":3}', None, MARCH_1_10_15_31 + 1_000)),
+    # A binary message in base64 wins over the readable `value` beside it; an ISO-8601 timestamp.
+    (
+        '{"value_avro_b64":"AAEC","value":{"x":1},"timestamp":"2024-03-01T10:15:31.250Z"}',
+        (None, b"\x00\x01\x02", MARCH_1_10_15_31 + 250_000),
+    ),
+    ('{"value_b64":"%%%","key_b64":"AQ=="}', (b"\x01", b"%%%", None)),  # not base64: kept, for the dead letter
+    # Lines that are not records are the message whole, as --input-encoding lines takes them.
+    ("not json", (None, b"not json", None)),
+    ('{"database":"shop","table":"t"}', (None, b'{"database":"shop","table":"t"}', None)),
+    ("[1,2]", (None, b"[1,2]", None)),
+]
+
+
+def _records(spark, path: Path) -> list[tuple[Any, Any, Any]]:
+    """(key, value, timestamp in epoch microseconds) of each message of the capture file, in file order."""
+    capture = read_file(spark, path, 0, "records")
+    try:
+        rows = capture.messages.select("offset", "key", "value", F.unix_micros("timestamp").alias("micros")).collect()
+        return [
+            (
+                None if row["key"] is None else bytes(row["key"]),
+                None if row["value"] is None else bytes(row["value"]),
+                row["micros"],
+            )
+            for row in sorted(rows, key=lambda row: row["offset"])
+        ]
+    finally:
+        capture.release()
+
+
+@pytest.mark.spark
+def test_a_record_line_gives_the_message_its_key_and_its_timestamp(spark, tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(line + "\n" for line, _ in RECORD_LINES), encoding="utf-8")
+    assert _records(spark, path) == [expected for _, expected in RECORD_LINES]
+
+
+def _as_record(line: dict[str, Any]) -> dict[str, Any]:
+    """A golden case line as a capture record: ``value_raw`` (verbatim text) is a string ``value``."""
+    record = {name: value for name, value in line.items() if name != "value_raw"}
+    if "value_raw" in line:
+        record["value"] = line["value_raw"]
+    return record
+
+
+def _same_message(want: bytes | None, have: bytes | None, exact: bool) -> bool:
+    if want is None or have is None or exact:
+        return want == have
+    return bool(json.loads(want) == json.loads(have))
+
+
+@pytest.mark.spark
+def test_every_golden_case_file_reads_as_the_messages_its_cases_decode(spark, tmp_path: Path) -> None:
+    """The golden cases' inputs are records as the format specifications' examples write them; read as a capture
+    file they give the messages the golden tests decode (JSON objects equal as JSON, text and binary byte for
+    byte), keys and null values included."""
+    cases = [line for path in sorted(CASES.glob("*/**/*input.jsonl")) for line in read_jsonl(path)]
+    path = tmp_path / "golden.jsonl"
+    path.write_text("".join(json.dumps(_as_record(c), ensure_ascii=False) + "\n" for c in cases), encoding="utf-8")
+    got = _records(spark, path)
+    assert len(got) == len(cases) > 300
+    for case, (key, value, timestamp) in zip(cases, got, strict=True):
+        want_key, want_value = message_bytes(case)
+        if isinstance(case.get("value"), str):  # the replay scenarios' malformed lines: the text itself
+            want_value = case["value"].encode("utf-8")
+        exact_value = any(name in case for name in ("value_raw", "value_b64", "value_avro_b64"))
+        exact_value |= isinstance(case.get("value"), str)
+        assert _same_message(want_value, value, exact=exact_value), case["case"]
+        assert _same_message(want_key, key, exact="key_b64" in case or isinstance(case.get("key"), str)), case
+        assert timestamp is None
+    assert sum(value is None for _, value, _ in got) == sum(message_bytes(case)[1] is None for case in cases) > 0
+
+
+def test_format_auto_samples_the_messages_of_records(tmp_path: Path) -> None:
+    capture = tmp_path / "debezium.jsonl"
+    lines = read_jsonl(CASES / "debezium-json" / "replay" / "input.jsonl")
+    capture.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    samples = sample_lines([str(capture)], "records", limit=4)
+    assert samples
+    assert not any(sample.startswith(b'{"case"') for sample in samples)
+    assert detect_format(samples) == "debezium-json"
+    binary = tmp_path / "qlik.jsonl"
+    values = [message_bytes(line)[1] for line in read_jsonl(CASES / "qlik-avro" / "replay" / "input.jsonl")]
+    binary.write_text("".join(json.dumps({"value_b64": base64.b64encode(v).decode()}) + "\n" for v in values if v))
+    assert detect_format(sample_lines([str(binary)], "records", limit=3)) == "qlik-avro"
