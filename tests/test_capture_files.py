@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdclake.detect import detect_format, sample_lines
-from cdclake.sources.files import read_file
+from cdclake.exceptions import InputError
+from cdclake.runner import replay
+from cdclake.sources.files import check_files, read_file
 from tests.formats.golden import CASES, message_bytes, read_jsonl
 
 MARCH_1_10_15_31 = 1_709_288_131_000_000
@@ -41,7 +45,7 @@ RECORD_LINES = [
 ]
 
 
-def _records(spark, path: Path) -> list[tuple[Any, Any, Any]]:
+def _records(spark, path: Path | str) -> list[tuple[Any, Any, Any]]:
     """(key, value, timestamp in epoch microseconds) of each message of the capture file, in file order."""
     capture = read_file(spark, path, 0, "records")
     try:
@@ -113,3 +117,45 @@ def test_format_auto_samples_the_messages_of_records(tmp_path: Path) -> None:
     values = [message_bytes(line)[1] for line in read_jsonl(CASES / "qlik-avro" / "replay" / "input.jsonl")]
     binary.write_text("".join(json.dumps({"value_b64": base64.b64encode(v).decode()}) + "\n" for v in values if v))
     assert detect_format(sample_lines([str(binary)], "records", limit=3)) == "qlik-avro"
+
+
+@pytest.mark.spark
+def test_a_capture_named_by_uri_is_read_through_the_session_file_system(spark, tmp_path: Path) -> None:
+    """Capture files on HDFS or S3 are named by URI: Spark reads them, and they are checked before the first batch
+    (here through the `file` scheme, the same calls as any other). A gzipped file reads as its text."""
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(line + "\n" for line, _ in RECORD_LINES), encoding="utf-8")
+    uri = path.as_uri()
+    assert check_files([uri], spark) == [uri]
+    assert _records(spark, uri) == _records(spark, path)
+    compressed = tmp_path / "records.jsonl.gz"
+    compressed.write_bytes(gzip.compress(path.read_bytes()))
+    assert _records(spark, compressed) == _records(spark, path)
+
+    missing = (tmp_path / "missing.jsonl").as_uri()
+    with pytest.raises(InputError, match="input file not found: file:"):
+        check_files([uri, missing], spark)
+    with pytest.raises(InputError, match="input is not a regular file: file:"):
+        check_files([tmp_path.as_uri()], spark)
+    with pytest.raises(InputError, match=r"cannot read input file nosuch://bucket/x.jsonl: .*FileSystem"):
+        check_files(["nosuch://bucket/x.jsonl"], spark)
+    assert check_files([missing]) == [missing]  # without a session (the CLI's first look), as written
+
+    lake = tmp_path / "lake"
+    with pytest.raises(InputError, match="input file not found"):
+        replay(spark, lake=str(lake), format_name="debezium-json", paths=[uri, missing], encoding="records")
+    assert not lake.exists()  # stopped before the first batch
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2"])
+def test_format_auto_reads_compressed_captures_as_spark_does(tmp_path: Path, suffix: str) -> None:
+    lines = [json.dumps(line) for line in read_jsonl(CASES / "debezium-json" / "replay" / "input.jsonl")]
+    capture = tmp_path / f"debezium.jsonl{suffix}"
+    compress = gzip.compress if suffix == ".gz" else bz2.compress
+    capture.write_bytes(compress("".join(line + "\n" for line in lines).encode("utf-8")))
+    assert detect_format(sample_lines([str(capture)], "records", limit=4)) == "debezium-json"
+
+
+def test_format_auto_names_a_uri_it_cannot_sample() -> None:
+    with pytest.raises(InputError, match=r"name the format for s3a://bucket/dump\.jsonl"):
+        sample_lines(["s3a://bucket/dump.jsonl"], "lines")

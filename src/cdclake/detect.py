@@ -11,6 +11,9 @@ JSON-C) shares one layout that cannot be told apart reliably: detection stops an
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
+import io
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -95,13 +98,26 @@ def sample_lines(paths: Iterable[str], encoding: str, limit: int = 20) -> list[b
     """Up to ``limit`` non-empty messages from the start of the capture files (records without a value left out)."""
     samples: list[bytes] = []
     for path in paths:
-        with open(path, "rb") as handle:
+        if files.is_uri(path):
+            raise InputError(
+                f"--format auto reads the first lines of files on this machine; name the format for {path}"
+            )
+        with _open_capture(path) as handle:
             for line in handle:
                 if line.strip() and (message := _message_of_line(line, encoding)) is not None:
                     samples.append(message)
                 if len(samples) >= limit:
                     return samples
     return samples
+
+
+def _open_capture(path: str) -> io.BufferedIOBase:
+    """A capture file for reading, decompressed as Spark's text reader decompresses it (by the name's suffix)."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    return open(path, "rb")
 
 
 def _message_of_line(line: bytes, encoding: str) -> bytes | None:

@@ -312,7 +312,7 @@ def replay_files(
     on_batch: BatchCallback | None = None,
 ) -> list[BatchResult]:
     """:func:`replay` with the settings given whole (``settings.default_format`` reads every file)."""
-    checked = files.check_files(paths)
+    checked = files.check_files(paths, spark)
     lake, transaction_consistent = settings.lake, settings.transaction_consistent
     pipeline = Pipeline(spark, settings)
     results: list[BatchResult] = []

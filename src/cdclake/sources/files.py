@@ -8,6 +8,7 @@ file (Spark splits and re-orders large files otherwise); decoding is parallel ag
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ TIMESTAMP_FIELDS = ("timestamp", "ts")
 """Epoch milliseconds (``ts`` as ``kcat -J`` writes it) or ISO-8601 text."""
 _RECORD_SCHEMA = ", ".join(f"`{name}` STRING" for name in (*VALUE_FIELDS, *KEY_FIELDS, *TIMESTAMP_FIELDS))
 LINES_PER_FILE_LIMIT = 2**40
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
 
 def _whole_file_partitions(spark: SparkSession) -> AbstractContextManager[None]:
@@ -40,10 +42,24 @@ def _whole_file_partitions(spark: SparkSession) -> AbstractContextManager[None]:
     return session_settings(spark, dict.fromkeys(keys, str(2**40)))
 
 
-def check_files(paths: Sequence[str]) -> list[Path]:
-    """Resolves and checks capture files; raises :class:`InputError` naming the first unusable one."""
-    resolved: list[Path] = []
+def is_uri(path: str) -> bool:
+    """Whether a capture path is a URI that Spark's file systems read (``hdfs://``, ``s3a://``, ``file://``...),
+    rather than a path on this machine."""
+    return _URI.match(path) is not None
+
+
+def check_files(paths: Sequence[str], spark: SparkSession | None = None) -> list[str]:
+    """Checks capture files and gives them as Spark reads them (local paths made absolute); raises
+    :class:`InputError` naming the first unusable one. A URI is checked through the session's Hadoop file system
+    when ``spark`` is given (without a session, such as the CLI's first look, it passes as written), so that a
+    replay stops before its first batch, not at a missing third file."""
+    resolved: list[str] = []
     for raw in paths:
+        if is_uri(raw):
+            if spark is not None:
+                _check_uri(spark, raw)
+            resolved.append(raw)
+            continue
         path = Path(raw)
         if not path.exists():
             raise InputError(f"input file not found: {raw}")
@@ -54,17 +70,36 @@ def check_files(paths: Sequence[str]) -> list[Path]:
                 handle.read(1)
         except OSError as exc:
             raise InputError(f"cannot read input file {raw}: {exc.strerror}") from exc
-        resolved.append(path.resolve())
+        resolved.append(str(path.resolve()))
     if not resolved:
         raise InputError("no input files given")
     return resolved
+
+
+def _check_uri(spark: SparkSession, uri: str) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        status = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getFileStatus(path)
+    except Py4JJavaError as exc:
+        error = exc.java_exception
+        if error.getClass().getName() == "java.io.FileNotFoundException":
+            raise InputError(f"input file not found: {uri}") from None
+        raise InputError(
+            f"cannot read input file {uri}: {error.getClass().getSimpleName()}: {error.getMessage()}"
+        ) from None
+    if not status.isFile():
+        raise InputError(f"input is not a regular file: {uri}")
 
 
 @dataclass(frozen=True)
 class CaptureFile:
     """The messages of one capture file, materialised in file order."""
 
-    path: Path
+    path: str
     messages: DataFrame
     count: int
     stored: DataFrame
@@ -81,7 +116,7 @@ class CaptureFile:
         release(self.stored)
 
 
-def read_file(spark: SparkSession, path: Path, index: int, encoding: InputEncoding) -> CaptureFile:
+def read_file(spark: SparkSession, path: str | Path, index: int, encoding: InputEncoding) -> CaptureFile:
     """Reads one capture file as a raw message frame in line order (see the module doc)."""
     with _whole_file_partitions(spark):
         lines = spark.read.text(str(path)).where(F.length(F.trim("value")) > 0)
@@ -109,7 +144,7 @@ def read_file(spark: SparkSession, path: Path, index: int, encoding: InputEncodi
         F.col("offset"),
         timestamp.alias("timestamp"),
     )
-    return CaptureFile(path, messages, lines.count(), lines)
+    return CaptureFile(str(path), messages, lines.count(), lines)
 
 
 def record_columns(line: Column) -> tuple[Column, Column, Column]:
