@@ -121,8 +121,9 @@ def test_format_auto_samples_the_messages_of_records(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 def test_a_capture_named_by_uri_is_read_through_the_session_file_system(spark, tmp_path: Path) -> None:
-    """Capture files on HDFS or S3 are named by URI: Spark reads them, and they are checked before the first batch
-    (here through the `file` scheme, the same calls as any other). A gzipped file reads as its text."""
+    """Capture files on HDFS or S3 are named by URI (a file, a directory or a glob): Spark reads them, and they are
+    checked before the first batch (here through the `file` scheme, the same calls as any other). A gzipped file
+    reads as its text."""
     path = tmp_path / "records.jsonl"
     path.write_text("".join(line + "\n" for line, _ in RECORD_LINES), encoding="utf-8")
     uri = path.as_uri()
@@ -135,8 +136,19 @@ def test_a_capture_named_by_uri_is_read_through_the_session_file_system(spark, t
     missing = (tmp_path / "missing.jsonl").as_uri()
     with pytest.raises(InputError, match="input file not found: file:"):
         check_files([uri, missing], spark)
-    with pytest.raises(InputError, match="input is not a regular file: file:"):
-        check_files([tmp_path.as_uri()], spark)
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    for name in ("b.jsonl", "a.jsonl.gz", "_SUCCESS", ".a.jsonl.gz.crc"):
+        (folder / name).write_bytes(compressed.read_bytes())
+    in_order = [(folder / name).as_uri().replace("file:///", "file:/") for name in ("a.jsonl.gz", "b.jsonl")]
+    assert check_files([folder.as_uri()], spark) == in_order  # a directory: its files, in name order
+    assert check_files([f"{folder.as_uri()}/*.jsonl*"], spark) == in_order  # a glob, which no shell expands
+    assert check_files([str(folder)]) == [str(folder / "a.jsonl.gz"), str(folder / "b.jsonl")]
+    with pytest.raises(InputError, match=r"no capture files match file:.*/dump/\*\.txt"):
+        check_files([f"{folder.as_uri()}/*.txt"], spark)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no capture files in directory file:"):
+        check_files([(tmp_path / "empty").as_uri()], spark)
     with pytest.raises(InputError, match=r"cannot read input file nosuch://bucket/x.jsonl: .*FileSystem"):
         check_files(["nosuch://bucket/x.jsonl"], spark)
     assert check_files([missing]) == [missing]  # without a session (the CLI's first look), as written

@@ -213,7 +213,13 @@ def formats() -> None:
 
 @app.command()
 def replay(
-    files: Annotated[list[str], typer.Argument(help="Capture files, applied in this order.")],
+    files: Annotated[
+        list[str],
+        typer.Argument(
+            help="Capture files, applied in this order: paths, directories (their files in name order) or URIs that "
+            "Spark reads (hdfs://, s3a://; a directory or glob there too)."
+        ),
+    ],
     format_name: Annotated[
         str | None,
         typer.Option(
@@ -306,7 +312,7 @@ def replay(
     partition_map = _parse_partition_by(partition_by or [])
     if format_name not in (None, "auto"):
         get_format(format_name)
-    check_files(files)
+    files = check_files(files)
     settled = {
         "--include-table": bool(include_table),
         "--exclude-table": bool(exclude_table),

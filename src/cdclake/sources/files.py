@@ -9,11 +9,11 @@ file (Spark splits and re-orders large files otherwise); decoding is parallel ag
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,41 +49,72 @@ def is_uri(path: str) -> bool:
 
 
 def check_files(paths: Sequence[str], spark: SparkSession | None = None) -> list[str]:
-    """Checks capture files and gives them as Spark reads them (local paths made absolute); raises
-    :class:`InputError` naming the first unusable one. A URI is checked through the session's Hadoop file system
-    when ``spark`` is given (without a session, such as the CLI's first look, it passes as written), so that a
-    replay stops before its first batch, not at a missing third file."""
+    """Checks capture files and gives them as Spark reads them, in the order given; raises :class:`InputError`
+    naming the first unusable one.
+
+    A local path is made absolute; a local directory stands for its files, in name order. A URI is read through the
+    session's Hadoop file system when ``spark`` is given (without a session, such as the CLI's first look, it passes
+    as written): a directory stands for its files and a glob (``s3a://bucket/dump/2024-03-*.jsonl.gz``) for the
+    files it matches, each in name order, since no shell expands them. Either way every file is checked before the
+    first batch, so that a replay does not stop at a missing third file after applying two. Names starting with
+    ``.`` or ``_`` in a directory (``_SUCCESS``, checksums) are not capture files and are left out.
+    """
     resolved: list[str] = []
     for raw in paths:
         if is_uri(raw):
-            if spark is not None:
-                _check_uri(spark, raw)
-            resolved.append(raw)
+            resolved.extend(_uri_files(spark, raw) if spark is not None else [raw])
             continue
         path = Path(raw)
         if not path.exists():
             raise InputError(f"input file not found: {raw}")
-        if not path.is_file():
-            raise InputError(f"input is not a regular file: {raw}")
-        try:
-            with path.open("rb") as handle:
-                handle.read(1)
-        except OSError as exc:
-            raise InputError(f"cannot read input file {raw}: {exc.strerror}") from exc
-        resolved.append(str(path.resolve()))
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+            if not found:
+                raise InputError(f"no capture files in directory {raw}")
+            resolved.extend(_checked_local(p, str(p)) for p in found)
+            continue
+        resolved.append(_checked_local(path, raw))
     if not resolved:
         raise InputError("no input files given")
     return resolved
 
 
-def _check_uri(spark: SparkSession, uri: str) -> None:
+def _checked_local(path: Path, raw: str) -> str:
+    if not path.is_file():
+        raise InputError(f"input is not a regular file: {raw}")
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise InputError(f"cannot read input file {raw}: {exc.strerror}") from exc
+    return str(path.resolve())
+
+
+def _capture_files(statuses: Iterable[Any]) -> list[str]:
+    """The files among Hadoop ``FileStatus``es, in name order, without hidden ones (names starting with ``.`` or
+    ``_``, as Spark's own listing leaves them out)."""
+    paths = [status.getPath() for status in statuses if status.isFile()]
+    return sorted(str(path.toString()) for path in paths if not str(path.getName()).startswith((".", "_")))
+
+
+def _uri_files(spark: SparkSession, uri: str) -> list[str]:
+    """The files a URI names (itself, a directory's files or a glob's matches, in name order)."""
     from py4j.protocol import Py4JJavaError
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     try:
         path = jvm.org.apache.hadoop.fs.Path(uri)
-        status = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getFileStatus(path)
+        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if any(char in uri for char in "*?[{"):
+            found = _capture_files(fs.globStatus(path) or [])
+            if not found:
+                raise InputError(f"no capture files match {uri}")
+            return found
+        status = fs.getFileStatus(path)
+        if status.isFile():
+            return [uri]
+        found = _capture_files(fs.listStatus(path))
     except Py4JJavaError as exc:
         error = exc.java_exception
         if error.getClass().getName() == "java.io.FileNotFoundException":
@@ -91,8 +122,9 @@ def _check_uri(spark: SparkSession, uri: str) -> None:
         raise InputError(
             f"cannot read input file {uri}: {error.getClass().getSimpleName()}: {error.getMessage()}"
         ) from None
-    if not status.isFile():
-        raise InputError(f"input is not a regular file: {uri}")
+    if not found:
+        raise InputError(f"no capture files in directory {uri}")
+    return found
 
 
 @dataclass(frozen=True)
