@@ -68,7 +68,7 @@ def check_files(paths: Sequence[str], spark: SparkSession | None = None) -> list
         if not path.exists():
             raise InputError(f"input file not found: {raw}")
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+            found = sorted(p for p in path.iterdir() if p.is_file() and not _is_hidden(p.name))
             if not found:
                 raise InputError(f"no capture files in directory {raw}")
             resolved.extend(_checked_local(p, str(p)) for p in found)
@@ -77,6 +77,11 @@ def check_files(paths: Sequence[str], spark: SparkSession | None = None) -> list
     if not resolved:
         raise InputError("no input files given")
     return resolved
+
+
+def _is_hidden(name: str) -> bool:
+    """A directory entry that is not a capture file (``_SUCCESS``, ``.crc`` checksums), as Spark's listing has it."""
+    return name.startswith((".", "_"))
 
 
 def _checked_local(path: Path, raw: str) -> str:
@@ -91,10 +96,9 @@ def _checked_local(path: Path, raw: str) -> str:
 
 
 def _capture_files(statuses: Iterable[Any]) -> list[str]:
-    """The files among Hadoop ``FileStatus``es, in name order, without hidden ones (names starting with ``.`` or
-    ``_``, as Spark's own listing leaves them out)."""
+    """The files among Hadoop ``FileStatus``es, in name order, without hidden ones (:func:`_is_hidden`)."""
     paths = [status.getPath() for status in statuses if status.isFile()]
-    return sorted(str(path.toString()) for path in paths if not str(path.getName()).startswith((".", "_")))
+    return sorted(str(path.toString()) for path in paths if not _is_hidden(str(path.getName())))
 
 
 def _uri_files(spark: SparkSession, uri: str) -> list[str]:
@@ -195,6 +199,7 @@ def record_columns(line: Column) -> tuple[Column, Column, Column]:
     message_fields = (*VALUE_FIELDS, *KEY_FIELDS)
     # A field present with null (a tombstone's value) is told by the object's keys; json_object_keys reads strict
     # JSON only, so a line that from_json reads more leniently (NaN in a readable rendering) counts by its values.
+    # (One MAP parse would give keys and values together, but fails the whole batch on a duplicate key.)
     named = F.arrays_overlap(F.json_object_keys(line), F.array(*map(F.lit, message_fields)))
     valued = F.coalesce(*(record[name] for name in message_fields)).isNotNull()
     is_record = F.coalesce(named, F.lit(False)) | valued
