@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, localcontext
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from cdclake import model
+from cdclake.spark import local_frame
 
 pytestmark = pytest.mark.spark
 
@@ -46,6 +51,72 @@ def test_text_is_valid_per_declared_type(spark) -> None:
         ("anything", "string", True),
     ]
     frame = spark.createDataFrame(cases, "text string, t string, ok boolean")
+    result = frame.select("text", "t", "ok", model.text_is_valid(F.col("text"), F.col("t")).alias("got")).collect()
+    assert [(r["text"], r["t"], r["got"]) for r in result] == [(r["text"], r["t"], r["ok"]) for r in result]
+
+
+def _fits_by_python(text: str, precision: int, scale: int) -> bool:
+    """The reference: Python's exact decimals. A value fits when rounding it to ``scale`` changes nothing and its
+    integer part has at most ``precision - scale`` digits."""
+    with localcontext() as context:
+        context.prec = 1_000
+        value = Decimal(text)
+        if value == 0:
+            return True
+        if value.quantize(Decimal(1).scaleb(-scale)) != value:
+            return False
+        return len(str(abs(int(value)))) <= precision - scale if abs(value) >= 1 else True
+
+
+@st.composite
+def decimal_texts(draw: st.DrawFn) -> tuple[str, int, int]:
+    """Decimal text with leading and trailing zeros, either part empty, an exponent or not; and a DECIMAL(p,s)."""
+    digits = st.text("0123456789", max_size=42)
+    integer, fraction = draw(digits), draw(digits)
+    if not integer and not fraction:
+        integer = "0"
+    text = draw(st.sampled_from(["", "+", "-"])) + integer
+    if fraction or draw(st.booleans()):
+        text += "." + fraction
+    if draw(st.booleans()):
+        text += draw(st.sampled_from("eE")) + draw(st.sampled_from(["", "+", "-"])) + str(draw(st.integers(0, 60)))
+    precision = draw(st.integers(1, 38))
+    return text, precision, draw(st.integers(0, precision))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(decimal_texts(), min_size=150, max_size=150))
+def test_decimal_text_fits_as_python_decimals_say(spark, cases: list[tuple[str, int, int]]) -> None:
+    """A decimal value that does not fit its declared DECIMAL(p,s) is invalid: a cast would round it or make it NULL,
+    silently (``1.005`` in ``decimal(10,2)`` became ``1.01``, ``1234.5`` in ``decimal(5,2)`` NULL)."""
+    rows = [(text, f"decimal({p},{s})") for text, p, s in cases]
+    frame = local_frame(spark, rows, "text string, t string")
+    got = [r[0] for r in frame.select(model.text_is_valid(F.col("text"), F.col("t"))).collect()]
+    assert got == [_fits_by_python(text, p, s) for text, p, s in cases]
+
+
+def test_decimal_text_fits_at_the_edges(spark) -> None:
+    cases = [
+        ("1234.5", "decimal(5,2)", False),
+        ("123.45", "decimal(5,2)", True),
+        ("1.005", "decimal(10,2)", False),
+        ("1.0050", "decimal(10,3)", True),
+        ("-0.000", "decimal(1,0)", True),
+        (".5", "decimal(1,1)", True),
+        ("1.5E3", "decimal(4,0)", True),
+        ("1.5E3", "decimal(3,0)", False),
+        ("25e-2", "decimal(2,2)", True),
+        ("1e40", "decimal(38,0)", False),
+        ("99999999999999999999999999999999999999", "decimal(38,0)", True),
+        ("1e9999999999", "decimal(38,0)", False),  # an exponent beyond an int: not a value of any decimal type
+        (".", "decimal(10,2)", False),
+        ("+", "decimal(10,2)", False),
+        ("1_000", "decimal(10,2)", False),
+        (" 1", "decimal(10,2)", False),
+        ("NaN", "decimal(10,2)", False),
+        ("Infinity", "decimal(10,2)", False),
+    ]
+    frame = local_frame(spark, cases, "text string, t string, ok boolean")
     result = frame.select("text", "t", "ok", model.text_is_valid(F.col("text"), F.col("t")).alias("got")).collect()
     assert [(r["text"], r["t"], r["got"]) for r in result] == [(r["text"], r["t"], r["ok"]) for r in result]
 

@@ -267,10 +267,42 @@ def text_is_valid(text: Column, spark_type: Column) -> Column:
     for name in _VALIDATION_ORDER:
         valid = F.lit(True) if name == "string" else typed_value(text, name).isNotNull()
         branches = branches.when(spark_type == name, valid)
-    return branches.when(
-        spark_type.rlike(r"^decimal\(\d{1,2},\d{1,2}\)$"),
-        text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"),
-    ).otherwise(F.lit(False))
+    decimal_type = r"^decimal\((\d{1,2}),(\d{1,2})\)$"
+    precision = F.regexp_extract(spark_type, decimal_type, 1).cast("int")
+    scale = F.regexp_extract(spark_type, decimal_type, 2).cast("int")
+    return branches.when(spark_type.rlike(decimal_type), decimal_text_fits(text, precision, scale)).otherwise(
+        F.lit(False)
+    )
+
+
+_DECIMAL_TEXT: Final = r"^[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d{1,9}))?$"
+
+
+def decimal_text_fits(text: Column, precision: Column, scale: Column) -> Column:
+    """Whether decimal text (``-12.50``, ``.5``, ``1.5E3``) is a value of ``decimal(precision, scale)`` exactly: its
+    digits before the point fit ``precision - scale`` and those after it, trailing zeros aside, fit ``scale``.
+
+    A cast would not tell: Spark rounds extra fraction digits (``1.005`` -> ``1.01`` in ``decimal(10,2)``) and makes
+    an overflow NULL, and the type is data-dependent here. The digits are counted on the text instead, with the
+    exponent moving the point: all digits in a row with leading zeros stripped, the point ``len(integer part) +
+    exponent - leading zeros`` digits in, trailing zeros stripped after it. Zero always fits; null text is not
+    decimal text (the caller decides what a NULL means)."""
+    integer = F.regexp_extract(text, _DECIMAL_TEXT, 1)
+    fraction = F.regexp_extract(text, _DECIMAL_TEXT, 2)
+    exponent = F.regexp_extract(text, _DECIMAL_TEXT, 3)
+    digits = F.concat(integer, fraction)
+    significant = F.regexp_replace(digits, r"^0+", "")
+    point = (
+        F.length(integer) + F.coalesce(exponent.try_cast("int"), F.lit(0)) - (F.length(digits) - F.length(significant))
+    )
+    significant = F.regexp_replace(significant, r"0+$", "")
+    integer_digits = F.greatest(point, F.lit(0))
+    fraction_digits = F.greatest(F.length(significant) - point, F.lit(0))
+    return (
+        text.rlike(_DECIMAL_TEXT)
+        & (digits != "")
+        & ((significant == "") | ((integer_digits <= precision - scale) & (fraction_digits <= scale)))
+    )
 
 
 def sortable_decimal(digits: Column, width: int = 24) -> Column:

@@ -178,7 +178,9 @@ def dts_cases() -> dict[str, list[dict[str, Any]]]:
         _dts_value("DateTime", hour=838, minute=59, second=59, millis=0),
         _dts_value("DateTime", year=2024),
         _dts_value("DateTime", year=2024, month=2, day=29, hour=23, minute=59, second=59, millis=999999),
-        _dts_value("Character", charset="latin1", value="café".encode("latin-1")),
+        # MySQL's latin1 is cp1252 (dts.md 1.6): 0x80-0x9F are letters and signs, but the five bytes cp1252 leaves
+        # undefined stay C1 controls (0x81 here).
+        _dts_value("Character", charset="latin1", value="café €“x”’–".encode("cp1252") + b"\x81"),
         _dts_value("Character", charset="binary", value=b"\x01\x02"),
         _dts_value("TextObject", type="SET", value="a,b"),
         _dts_value("BinaryGeometry", type="POINT", value=b"\x01\x01\x00\x00\x00"),
@@ -421,6 +423,30 @@ def dts_cases() -> dict[str, list[dict[str, Any]]]:
                 tags={"pk_uk_info": "PRIMARY=id"},
                 fields=ACCOUNT_FIELDS,
                 afterImages=before,
+            ),
+        ),
+        _line(
+            "Decimal with more integer digits than DECIMAL(5,2) holds (a cast would make it NULL)",
+            s,
+            _dts(
+                "INSERT",
+                7800071,
+                objectName="bank.accounts",
+                tags=PK_ID,
+                fields=ACCOUNT_FIELDS,
+                afterImages=[*before[:2], _dts_value("Decimal", value="1234.5", precision=5, scale=2), *before[3:]],
+            ),
+        ),
+        _line(
+            "Decimal with more fraction digits than DECIMAL(10,2) holds (a cast would round it to 1.01)",
+            s,
+            _dts(
+                "INSERT",
+                7800072,
+                objectName="bank.accounts",
+                tags=PK_ID,
+                fields=ACCOUNT_FIELDS,
+                afterImages=[*before[:2], _dts_value("Decimal", value="1.005", precision=10, scale=2), *before[3:]],
             ),
         ),
         _line(

@@ -59,11 +59,30 @@ def integer(member: Column, spark_type: Column | str) -> Column:
 
 # MySQL charset names (dts.md 1.6) -> how to decode. Spark's decode() raises on malformed input under the default
 # coding-error action, so UTF-8 (and ASCII, its subset) is decoded by a cast and checked with is_valid_utf8; latin1
-# maps to ISO-8859-1, which cannot fail (MySQL's latin1 is really cp1252: the 0x80-0x9F range differs, which Spark
-# cannot decode without the legacy Java charsets).
+# is decoded as ISO-8859-1, which cannot fail, then MySQL's latin1 (dts.md 1.6: "latin1->cp1252") is made of it:
+# the bytes 0x80-0x9F are cp1252's letters and signs there (0x80 the euro sign, 0x92 the right single quote of
+# Windows text), not C1 control characters, except the five that cp1252 leaves undefined and MySQL keeps as those
+# controls (0x81, 0x8D, 0x8F, 0x90, 0x9D). Spark's decode() knows no cp1252 without its legacy Java charsets.
 UTF8_CHARSETS: Final = ("utf8mb4", "utf8", "utf8mb3", "utf-8", "ascii", "us-ascii", "")
-LATIN1_CHARSETS: Final = ("latin1", "iso-8859-1", "iso_8859_1")
+MYSQL_LATIN1: Final = "latin1"
+ISO_8859_1_CHARSETS: Final = ("iso-8859-1", "iso_8859_1")
 BINARY_CHARSETS: Final = ("binary",)
+
+
+def _cp1252_letters() -> tuple[str, str]:
+    """The C1 control characters that cp1252 gives a letter or sign, and those letters (``translate`` arguments)."""
+    controls, letters = [], []
+    for byte in range(0x80, 0xA0):
+        try:
+            letter = bytes([byte]).decode("cp1252")
+        except UnicodeDecodeError:  # undefined in cp1252: MySQL's latin1 keeps the control character
+            continue
+        controls.append(chr(byte))
+        letters.append(letter)
+    return "".join(controls), "".join(letters)
+
+
+_C1_CONTROLS, _CP1252_LETTERS = _cp1252_letters()
 
 
 def character(member: Column) -> Column:
@@ -83,7 +102,11 @@ def character(member: Column) -> Column:
                 ),
             ),
         )
-        .when(charset.isin(*LATIN1_CHARSETS), value(F.decode(raw, "ISO-8859-1"), "string"))
+        .when(
+            charset == MYSQL_LATIN1,
+            value(F.translate(F.decode(raw, "ISO-8859-1"), _C1_CONTROLS, _CP1252_LETTERS), "string"),
+        )
+        .when(charset.isin(*ISO_8859_1_CHARSETS), value(F.decode(raw, "ISO-8859-1"), "string"))
         .when(charset.isin(*BINARY_CHARSETS), value(F.base64(raw), "binary"))
         .otherwise(value(F.lit(None), "string", F.format_string("unsupported Character charset '%s'", charset)))
     )

@@ -12,7 +12,8 @@ How documents land in tables (the spec leaves this to us):
   exactly, booleans ``true``/``false``, sub-documents and arrays as JSON text. ``_id`` is the key column.
 * ``value``/``where`` are Mongo-shell text, not JSON (5): shell constructors are rewritten to JSON first, with
   Spark regular expressions: ``ObjectId("h")`` -> ``"h"`` (so ``_id`` is the hex string), ``ISODate("t")`` ->
-  ``"t"``, ``UUID("u")`` -> ``"u"``, ``NumberLong(n)`` / ``NumberInt(n)`` / ``NumberDecimal("d")`` -> the number,
+  ``"t"``, ``UUID("u")`` -> ``"u"``, ``NumberLong(n)`` / ``NumberInt(n)`` -> the number, ``NumberDecimal("d")`` ->
+  the string ``"d"`` (its exact text: ``1.10``, ``1.234567890123456789012345678901234E+40``, ``NaN``),
   ``BinData(t, "b")`` -> ``{"$binary": "b", "$type": "t"}``, ``Timestamp(t, i)`` -> ``{"$timestamp": {"t", "i"}}``,
   ``Date(ms)`` -> the epoch milliseconds; each may be preceded by ``new`` (the MongoDB Java driver's shell mode
   writes ``new BinData(...)`` and, beyond year 9999, ``new Date(ms)``).
@@ -81,7 +82,9 @@ _CONSTRUCTORS: Final = (
     ("UUID", r'\s*"([^"]*)"\s*', '"$1"'),
     ("NumberLong", r'\s*"?(-?\d+)"?\s*', "$1"),
     ("NumberInt", r'\s*"?(-?\d+)"?\s*', "$1"),
-    ("NumberDecimal", r'\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"\s*', "$1"),
+    # A string, not a number: Decimal128 holds 34 digits at any exponent (and NaN, Infinity), and a JSON number
+    # beyond 38 digits would pass through a double (1.234567890123456789012345678901234E+40 kept 17 digits).
+    ("NumberDecimal", r'\s*"(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|[+-]?(?:NaN|Infinity))"\s*', '"$1"'),
     ("BinData", r'\s*(\d+)\s*,\s*"([^"]*)"\s*', '{"\\$binary":"$2","\\$type":"$1"}'),
     ("Timestamp", r"\s*(\d+)\s*,\s*(\d+)\s*", '{"\\$timestamp":{"t":$1,"i":$2}}'),
 )

@@ -327,7 +327,6 @@ def _md_types() -> list[str]:
 
 _HEX: Final = r"^([0-9A-Fa-f]{2})*$"
 _DATETIME: Final = r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d{1,6})(\d*))?$"
-_PLAIN_DECIMAL: Final = r"^[+-]?(\d*)(?:\.(\d*))?$"
 
 
 def _binary_value(text: Column) -> tuple[Column, Column]:
@@ -346,15 +345,6 @@ def _datetime_value(text: Column) -> tuple[Column, Column]:
     # qlik.md 5: DATETIME may carry 7 fraction digits; Spark would silently drop the 7th, so it must be 0.
     datetime_exact = F.regexp_extract(text, _DATETIME, 4).rlike("^0*$")
     return F.when(is_datetime, datetime_text).otherwise(text), ~is_datetime | datetime_exact
-
-
-def _decimal_fits(text: Column, precision: Column, scale: Column) -> Column:
-    # Zeros stripped by expression, not the two-argument ltrim/rtrim (deprecated, a warning on every resolution).
-    integer_digits = F.length(F.regexp_replace(F.regexp_extract(text, _PLAIN_DECIMAL, 1), r"^0+", ""))
-    fraction_digits = F.length(F.regexp_replace(F.regexp_extract(text, _PLAIN_DECIMAL, 2), r"0+$", ""))
-    return (
-        text.rlike(r"^[+-]?(\d+(\.\d*)?|\.\d+)$") & (integer_digits <= precision - scale) & (fraction_digits <= scale)
-    )
 
 
 def canonical_value(text: Column, spark_type: Column) -> Column:
@@ -377,7 +367,7 @@ def canonical_value(text: Column, spark_type: Column) -> Column:
         F.when(text.isNull(), F.lit(True))
         .when(spark_type == "binary", binary_ok)
         .when(spark_type == "timestamp_ntz", datetime_ok)
-        .when(spark_type.startswith("decimal("), _decimal_fits(text, precision, scale))
+        .when(spark_type.startswith("decimal("), model.decimal_text_fits(text, precision, scale))
         .otherwise(F.lit(True))
     )
     return F.struct(converted.alias("text"), F.coalesce(ok, F.lit(False)).alias("ok"))
@@ -393,7 +383,7 @@ def replicate_value(text: Column, spark_type: str) -> tuple[Column, Column | Non
     elif spark_type == "timestamp_ntz":
         converted, ok = _datetime_value(text)
     elif decimal is not None:
-        converted, ok = text, _decimal_fits(text, F.lit(int(decimal[1])), F.lit(int(decimal[2])))
+        converted, ok = text, model.decimal_text_fits(text, F.lit(int(decimal[1])), F.lit(int(decimal[2])))
     else:
         return text, None
     return converted, text.isNull() | F.coalesce(ok, F.lit(False))
