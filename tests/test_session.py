@@ -278,6 +278,17 @@ def test_a_session_without_delta_snapshot_partitions_gets_a_few_and_a_set_value_
         spark.conf.set(SNAPSHOT_PARTITIONS, embedded)
 
 
+@pytest.mark.spark
+def test_the_embedded_session_keeps_the_warnings_every_batch_would_print_out_of_the_log(spark) -> None:
+    """A replay of 12 lines printed 15 WARN lines of released local checkpoints and truncated plan strings."""
+    from cdclake.spark import EXPECTED_WARNINGS
+
+    jvm = spark.sparkContext._jvm
+    for logger, level in EXPECTED_WARNINGS.items():
+        assert str(jvm.org.apache.logging.log4j.LogManager.getLogger(logger).getLevel()) == level
+    assert str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel()) == "WARN"
+
+
 def test_snapshot_partitions_follow_the_cores_up_to_the_cap() -> None:
     from cdclake.pipeline import MAX_SNAPSHOT_PARTITIONS, snapshot_partitions
 

@@ -170,8 +170,29 @@ def get_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_expected_warnings(session)
     pin_jvm_classes(session)
     return session
+
+
+EXPECTED_WARNINGS: Final = {
+    # "RDD N was locally checkpointed, its lineage has been truncated and cannot be recomputed after unpersisting":
+    # every batch releases its local checkpoints on purpose (release()); a job that still needed one fails anyway.
+    "org.apache.spark.rdd.MapPartitionsRDD": "ERROR",
+    # "Truncated the string representation of a plan since it was too large": a decoder's plan is large by design.
+    "org.apache.spark.util.SparkStringUtils": "ERROR",
+}
+"""JVM loggers the embedded session sets to a higher level: their warnings come with every replay or batch of
+cdclake's normal work (two to three lines per batch), and hid the ones worth reading. A session cdclake did not
+build keeps its own logging configuration."""
+
+
+def _quiet_expected_warnings(session: SparkSession) -> None:
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    for logger, level in EXPECTED_WARNINGS.items():
+        configurator.setLevel(logger, jvm.org.apache.logging.log4j.Level.toLevel(level))
 
 
 PINNED_JVM_CLASSES: Final = {
