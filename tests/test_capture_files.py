@@ -1,4 +1,5 @@
-"""Capture files read as Kafka records (``--input-encoding records``): key, value and timestamp per line."""
+"""Capture files: messages in file order with their line of the file, and read as Kafka records (``--input-encoding
+records``): key, value and timestamp per line."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pyspark.sql import functions as F
 from cdclake.detect import detect_format, sample_lines
 from cdclake.exceptions import InputError
 from cdclake.runner import replay
-from cdclake.sources.files import check_files, read_file
+from cdclake.sources.files import LINES_PER_FILE_LIMIT, check_files, location, read_file
 from tests.formats.golden import CASES, message_bytes, read_jsonl
 
 MARCH_1_10_15_31 = 1_709_288_131_000_000
@@ -60,6 +61,42 @@ def _records(spark, path: Path | str) -> list[tuple[Any, Any, Any]]:
         ]
     finally:
         capture.release()
+
+
+@pytest.mark.spark
+def test_a_message_keeps_its_line_of_the_file_and_blank_lines_make_no_batch(spark, tmp_path: Path) -> None:
+    """Blank lines hold no message but count, so that a message's coordinates name its line (a dead letter's says
+    where to look); batches are ranges of lines, and a range of blank lines only is not a batch."""
+    path = tmp_path / "capture.jsonl"
+    path.write_text("m1\n\n   \nm4\n\n\n\n\n\nm10\n", encoding="utf-8")
+    capture = read_file(spark, path, 1, "lines")
+    try:
+        assert (capture.count, capture.end) == (3, 10)
+        rows = sorted((row["offset"], bytes(row["value"]).decode()) for row in capture.messages.collect())
+        assert [(location(str(path), offset), value) for offset, value in rows] == [
+            ((str(path), 1), "m1"),
+            ((str(path), 4), "m4"),
+            ((str(path), 10), "m10"),
+        ]
+        assert [offset // LINES_PER_FILE_LIMIT for offset, _ in rows] == [1, 1, 1]  # the file's index in the replay
+        assert capture.batches(2) == [(0, 2), (2, 4), (8, 10)]
+        assert capture.batches(100) == [(0, 10)]
+        batched = [
+            bytes(r["value"]).decode()
+            for start, stop in capture.batches(2)
+            for r in capture.lines(start, stop).collect()
+        ]
+        assert sorted(batched) == ["m1", "m10", "m4"]
+    finally:
+        capture.release()
+    dense = tmp_path / "dense.jsonl"
+    dense.write_text("a\nb\nc\n", encoding="utf-8")
+    capture = read_file(spark, dense, 0, "lines")
+    try:
+        assert (capture.count, capture.end, capture.batches(2)) == (3, 3, [(0, 2), (2, 3)])
+    finally:
+        capture.release()
+    assert location("orders", 17) is None  # a Kafka topic: no file, no line
 
 
 @pytest.mark.spark

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,11 +26,12 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
-from cdclake.pipeline import Pipeline, sequence_by_problem, unknown_keys_problem
+from cdclake.pipeline import Pipeline, PipelineSettings, sequence_by_problem, unknown_keys_problem
 from cdclake.runner import committed_offsets, settings_from_config
 from cdclake.sinks.delta import DeltaSink
 from cdclake.sinks.partitioning import described, missing_columns
 from cdclake.sources import kafka
+from cdclake.sources.files import InputEncoding, check_files, read_file
 from cdclake.tables import PerTable
 
 
@@ -99,7 +101,7 @@ class CheckReport:
     """What :func:`check_pipeline` found."""
 
     started_from: str
-    """``checkpoint`` (where the pipeline goes on) or ``earliest`` (a new checkpoint)."""
+    """``checkpoint`` (where the pipeline goes on), ``earliest`` (a new checkpoint) or ``files`` (capture files)."""
     messages: int = 0
     by_topic: dict[str, int] = field(default_factory=dict)
     failed: int = 0
@@ -137,22 +139,44 @@ def check_pipeline(
     (see the module doc); ``shown``: how many decode failures are listed."""
     settings = settings_from_config(config, app_id="cdclake-check")
     offsets = committed_offsets(spark, config.checkpoint_location)
-    report = CheckReport(started_from="checkpoint" if offsets else "earliest")
     sample = kafka.read_batch(spark, config.kafka.spark_options(), messages, offsets)
     try:
-        report.by_topic = {row["topic"]: row["count"] for row in sample.groupBy("topic").count().collect()}
-        report.messages = sum(report.by_topic.values())
-        if not report.messages:
-            return report
-        pipeline = Pipeline(spark, settings)
-        events = pipeline.decode(sample, store=False).localCheckpoint(eager=True)
-        try:
-            _failures(events, report, shown)
-            report.tables = _tables(pipeline, events)
-        finally:
-            events.unpersist()
+        return check_messages(spark, settings, sample, "checkpoint" if offsets else "earliest", shown=shown)
     finally:
         sample.unpersist()
+
+
+def check_capture(
+    spark: SparkSession, settings: PipelineSettings, paths: Sequence[str], encoding: InputEncoding, *, shown: int = 20
+) -> CheckReport:
+    """A file replay tried without writing (``cdclake replay --dry-run``): every message of the capture files decoded
+    with the replay's settings, and reported as :func:`check_pipeline` reports a sample (``by_topic`` holds the
+    messages per file; a failure's coordinates name its file and line, ``sources.files.location``)."""
+    captures = [read_file(spark, path, index, encoding) for index, path in enumerate(check_files(paths, spark))]
+    try:
+        messages = reduce(DataFrame.unionByName, (capture.messages for capture in captures))
+        return check_messages(spark, settings, messages, "files", shown=shown)
+    finally:
+        for capture in captures:
+            capture.release()
+
+
+def check_messages(
+    spark: SparkSession, settings: PipelineSettings, messages: DataFrame, started_from: str, *, shown: int = 20
+) -> CheckReport:
+    """What a pipeline with ``settings`` would do with ``messages`` (Kafka message columns), writing nothing."""
+    report = CheckReport(started_from=started_from)
+    report.by_topic = {row["topic"]: row["count"] for row in messages.groupBy("topic").count().collect()}
+    report.messages = sum(report.by_topic.values())
+    if not report.messages:
+        return report
+    pipeline = Pipeline(spark, settings)
+    events = pipeline.decode(messages, store=False).localCheckpoint(eager=True)
+    try:
+        _failures(events, report, shown)
+        report.tables = _tables(pipeline, events)
+    finally:
+        events.unpersist()
     return report
 
 
@@ -176,25 +200,31 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         F.when(is_row, apply.identifying_image()).alias("_identifying"),
     )
     null_key = apply.lacks_key_value(F.col("_keys"), F.col("_identifying"))
+    table = (model.DATABASE, model.SCHEMA, model.TABLE)
+    # Aggregates whose size is the tables' and their columns', not the events' (a dry run reads a whole backfill).
     per_table = (
-        staged.groupBy(model.DATABASE, model.SCHEMA, model.TABLE)
+        staged.groupBy(*table)
         .agg(
-            F.collect_list(model.OP).alias("ops"),
             F.max(F.when(F.size(model.KEY_COLUMNS) > 0, F.col(model.KEY_COLUMNS))).alias("keys"),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.map_keys(image))))).alias("columns"),
             F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
         )
-        .orderBy(model.DATABASE, model.SCHEMA, model.TABLE)
+        .orderBy(*table)
         .collect()
     )
+    ops: dict[tuple[str | None, ...], dict[str, int]] = {}
+    for row in staged.groupBy(*table, model.OP).count().collect():
+        ops.setdefault(tuple(row[name] for name in table), {})[row[model.OP]] = row["count"]
+    image_columns: dict[tuple[str | None, ...], list[str]] = {}
+    named = staged.select(*table, F.explode(F.map_keys(image)).alias("_column")).distinct()
+    for row in named.orderBy("_column").collect():
+        image_columns.setdefault(tuple(row[name] for name in table), []).append(row["_column"])
     configured = PerTable.of(settings.keys)
     online = settings.online_schema_change
     findings = []
     for row in per_table:
         ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
-        counts: dict[str, int] = {}
-        for op in row["ops"]:
-            counts[op] = counts.get(op, 0) + 1
+        counts = ops.get(ident, {})
+        found_columns = image_columns.get(ident, [])
         if online is not None and online.is_helper(ident[2]):
             lands = "helper"
         elif not settings.tables.admits(*ident):
@@ -205,11 +235,11 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         stored = sink.columns(*ident) if lake_table is not None else None
         keys, key_source = _keys(configured.value_for(*ident), row["keys"])
         known = {name.lower() for name, _ in stored or []}
-        new_columns = [c for c in row["columns"] or [] if stored is not None and c.lower() not in known]
+        new_columns = [c for c in found_columns if stored is not None and c.lower() not in known]
         # The columns the run would find: the lake table's and the ones the messages add (cdclake.pipeline checks
         # the settings against those). The messages' own keys are their declared columns, respelt as the lake
         # spells them: only configured keys can name a column the table does not have.
-        columns = [name for name, _ in stored or []] + (new_columns if stored is not None else row["columns"] or [])
+        columns = [name for name, _ in stored or []] + (new_columns if stored is not None else found_columns)
         configured_keys = keys if key_source == "keys" else []
         key_problem = unknown_keys_problem(ident, configured_keys, columns) if lands == "yes" else None
         unordered = sequence_by_problem(settings.sequence_by, ident, columns) if lands == "yes" else None

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import reduce
+from pathlib import Path
 from typing import Final
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -48,6 +49,7 @@ from cdclake.formats import get_format
 from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
+from cdclake.sources.files import is_uri
 from cdclake.spark import local_frame
 from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, TableRoutes
 
@@ -66,7 +68,7 @@ class DeadLetterFilter:
 
     Attributes:
         pipeline: name of the pipeline that recorded it (``cdclake replay`` records as ``replay``).
-        topic: Kafka topic (for capture files: the file path).
+        topic: Kafka topic (for capture files: the file path, as given or absolute).
         table: source table, ``table`` or ``database.table``.
         reason: text contained in the current reason (case-insensitive).
         since: recorded at or after this instant (a naive datetime is UTC).
@@ -83,7 +85,7 @@ class DeadLetterFilter:
         if self.pipeline is not None:
             condition &= F.col("pipeline") == self.pipeline
         if self.topic is not None:
-            condition &= F.col("topic") == self.topic
+            condition &= F.col("topic").isin(*self._topic_names())
         if self.table is not None:
             if "." in self.table:
                 condition &= F.concat_ws(".", F.col("database"), F.col("table")) == self.table
@@ -95,6 +97,14 @@ class DeadLetterFilter:
             since = self.since if self.since.tzinfo else self.since.replace(tzinfo=UTC)
             condition &= F.col("recorded_at") >= F.lit(since)
         return condition
+
+    def _topic_names(self) -> list[str]:
+        """``topic`` as given, and for a capture file named by a path on this machine, that path made absolute (a
+        file replay records the absolute path; a Kafka topic name holds no ``/``, so it cannot match by mistake)."""
+        assert self.topic is not None
+        if is_uri(self.topic):
+            return [self.topic]
+        return list(dict.fromkeys([self.topic, str(Path(self.topic).resolve())]))
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,8 @@ def replay(
     table_properties: TableProperties | None = None,
     partition_by: PartitionBy | None = None,
 ) -> list[BatchResult]:
-    """Applies captured messages in file order, ``batch_lines`` messages per batch, through the run code path.
+    """Applies captured messages in file order, ``batch_lines`` lines per batch (blank lines count, but a batch
+    holds at least one message), through the run code path.
 
     ``tables`` selects the source tables that land (see cdclake.tables; default all), ``routes`` their lake tables
     (default ``<database>/<table>``); ``online_schema_change``: gh-ost / pt-online-schema-change handling (see
@@ -263,7 +264,53 @@ def replay(
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
     batch, but each file is its own stream: they are applied once they pass the limits.
     """
-    settings = PipelineSettings(
+    settings = file_replay_settings(
+        lake=lake,
+        format_name=format_name,
+        keys=keys,
+        format_options=format_options,
+        tables=tables,
+        routes=routes,
+        ddl_policy=ddl_policy,
+        ddl_table_policies=ddl_table_policies,
+        online_schema_change=online_schema_change,
+        sequence_by=sequence_by,
+        changelog=changelog,
+        scd2=scd2,
+        transaction_consistent=transaction_consistent,
+        deletion_vectors=deletion_vectors,
+        table_format=table_format,
+        iceberg_catalog=iceberg_catalog,
+        table_properties=table_properties,
+        partition_by=partition_by,
+    )
+    return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
+
+
+def file_replay_settings(
+    *,
+    lake: str,
+    format_name: str,
+    keys: Mapping[str, Sequence[str]] | None = None,
+    format_options: Mapping[str, str] | None = None,
+    tables: TableFilter | None = None,
+    routes: TableRoutes | None = None,
+    ddl_policy: Policy = "evolve",
+    ddl_table_policies: Mapping[str, Policy] | None = None,
+    online_schema_change: OnlineSchemaChange | None = None,
+    sequence_by: Mapping[str, str] | None = None,
+    changelog: TableSelection = False,
+    scd2: TableSelection = False,
+    transaction_consistent: bool = False,
+    deletion_vectors: DeletionVectors = "auto",
+    table_format: TableFormat = "delta",
+    iceberg_catalog: str | None = None,
+    table_properties: TableProperties | None = None,
+    partition_by: PartitionBy | None = None,
+) -> PipelineSettings:
+    """The settings of a file replay (:func:`replay`'s, without a pipeline's configuration): its own id, and the
+    name ``replay`` that every file replay records."""
+    return PipelineSettings(
         lake=lake,
         app_id=f"cdclake-replay-{uuid.uuid4()}",
         default_format=format_name,
@@ -285,7 +332,6 @@ def replay(
         table_properties=dict(table_properties or {}),
         partition_by={table: list(fields) for table, fields in (partition_by or {}).items()},
     )
-    return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
 
 
 def replay_settings(config: PipelineConfig, format_name: str) -> PipelineSettings:
@@ -319,8 +365,8 @@ def replay_files(
     for index, path in enumerate(checked):
         capture = files.read_file(spark, path, index, encoding)
         try:
-            for start in range(0, capture.count, batch_lines):
-                result = pipeline.process_batch(capture.lines(start, start + batch_lines), len(results))
+            for start, stop in capture.batches(batch_lines):
+                result = pipeline.process_batch(capture.lines(start, stop), len(results))
                 results.append(result)
                 if on_batch is not None:
                     on_batch(result)

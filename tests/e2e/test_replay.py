@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cdclake import pipeline
+from cdclake.cli import main as cli_main
 from cdclake.cli.main import app
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
 from cdclake.sinks.delta import DeltaSink
 from cdclake.status import lake_status
-from cdclake.workload import to_b64_lines
+from cdclake.workload import to_b64_lines, to_jsonl
 from tests.e2e.helpers import assert_lake_equals_truth, workload, write_lines
 
 pytestmark = pytest.mark.spark
@@ -114,18 +116,45 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([cdclake, *args], capture_output=True, text=True, timeout=600, check=False)
 
 
-def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path) -> None:
+def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In this process, with the test session (the one `cdclake replay` takes when one is active): a new process
-    costs a Spark start, and the bad-argument cases below already run the installed `cdclake` command."""
+    costs a Spark start, and the bad-argument cases below already run the installed `cdclake` command.
+
+    The capture has blank lines; the dead letters are listed with the file's own line numbers, by `replay` itself
+    and by `dlq list --topic` naming the file as the user wrote it."""
     history, messages = workload(seed=16, events=60)
-    path = write_lines(tmp_path / "dw.jsonl", messages)
+    text = to_jsonl(messages).splitlines()
+    lines = [*text[:5], "", "   ", *text[5:40], "", *text[40:]]  # blank lines are skipped, and still counted
+    path = tmp_path / "dw.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.delenv("COLUMNS", raising=False)  # one table row per output line (cli.main._console)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
     history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
     args = ["replay", "--format", "auto", "--lake", lake, *history_flags, "--deletion-vectors", "always", str(path)]
+    # A dry run first: it finds what the replay will dead-letter, at the same lines, and writes nothing.
+    dry = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 1, dry.output
+    assert f"dry run, nothing written: {len(text)} messages decoded from 1 files" in dry.stdout
+    assert "crm/customer (new)" in dry.stdout
+    dry_lines = sorted(int(n) for n in re.findall(r"│ line (\d+)", dry.stdout))
+    assert f"{len(dry_lines)} of {len(text)} messages do not decode" in dry.stdout
+    assert not Path(lake).exists() or not any(Path(lake).iterdir())
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert "detected dataworks-json" in done.stderr
     assert "crm/customer" in done.stdout
     assert "3 dead letters" in done.stdout
+    # Each dead letter's line of the file holds its raw value; replay and `dlq list` name that line.
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()
+    at_line = {row["offset"] + 1: bytes(row["value"]).decode() for row in dead}
+    assert len(at_line) == 3
+    assert at_line == {number: lines[number - 1] for number in at_line}
+    printed = [line.split("│") for line in done.stdout.splitlines() if str(path) in line]
+    assert sorted(int(cells[2]) for cells in printed) == sorted(at_line) == dry_lines
+    monkeypatch.chdir(tmp_path)
+    listed = CliRunner().invoke(app, ["dlq", "list", "--lake", lake, "--topic", "dw.jsonl"])
+    assert listed.exit_code == 0, listed.output
+    assert sorted(int(n) for n in re.findall(r"│ line (\d+)", listed.stdout)) == sorted(at_line)
     # The lake tables use deletion vectors; the truth is read back through delta-rs, which applies them.
     assert "deletionVectors" in (DeltaTable(str(Path(lake, "crm", "customer"))).protocol().reader_features or [])
     assert_lake_equals_truth(lake, history)

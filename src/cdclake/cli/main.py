@@ -13,8 +13,8 @@ import os
 import re
 import sys
 from dataclasses import replace
-from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.console import Console
@@ -25,6 +25,7 @@ from cdclake.exceptions import CdclakeError, ConfigError, InputError
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes, check_pattern, check_target
 
 if TYPE_CHECKING:
+    from cdclake.check import CheckReport
     from cdclake.config import PipelineConfig
     from cdclake.dlq import DeadLetter, DeadLetterFilter
 
@@ -250,7 +251,9 @@ def replay(
     include_table: IncludeTableOption = None,
     exclude_table: ExcludeTableOption = None,
     route: RouteOption = None,
-    batch_lines: Annotated[int, typer.Option(min=1, help="Messages per batch.")] = 1_000_000,
+    batch_lines: Annotated[
+        int, typer.Option(min=1, help="Lines per batch (each a message; blank lines, which are skipped, count too).")
+    ] = 1_000_000,
     ddl_policy: Annotated[
         str | None, typer.Option(help="What DDL statements do to lake tables: evolve (default), ignore or fail.")
     ] = None,
@@ -293,6 +296,15 @@ def replay(
     ] = None,
     table_format: DefaultTableFormatOption = None,
     iceberg_catalog: IcebergCatalogOption = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Decode every message and report as `check` does (the tables, where they land, their keys, the "
+            "messages that would be dead letters with their file and line); write nothing. Exits 1 if a message "
+            "would be a dead letter.",
+        ),
+    ] = False,
 ) -> None:
     """Apply captured messages from files, in file order, through the same decode and apply path as `run`."""
     from cdclake.sources.files import INPUT_ENCODINGS, check_files
@@ -301,8 +313,7 @@ def replay(
         raise InputError(f"--input-encoding must be 'lines', 'b64' or 'records', not {input_encoding!r}")
     from cdclake.formats import check_options, get_format
     from cdclake.pipeline import BatchResult
-    from cdclake.runner import replay as run_replay
-    from cdclake.runner import replay_files, replay_settings
+    from cdclake.runner import file_replay_settings, replay_files, replay_settings
 
     key_map = _parse_keys(keys or [])
     format_options = _parse_options(option or [])
@@ -348,52 +359,57 @@ def replay(
         format_name = detect_format(sample_lines(files, input_encoding))
         err.print(f"--format auto: detected {format_name}")
     check_options({format_name: format_options}, key="--option")
+    if cfg is not None:
+        settings = replay_settings(cfg, format_name)
+        options = {**settings.format_options[format_name], **format_options}
+        settings = replace(settings, keys={**settings.keys, **key_map}, format_options={format_name: options})
+        spark = _session(cfg.spark)
+    else:
+        spark = _session()
+        settings = file_replay_settings(
+            lake=lake,
+            format_name=format_name,
+            keys=key_map,
+            tables=tables,
+            routes=routes,
+            ddl_policy=ddl_policy or "evolve",  # type: ignore[arg-type]
+            online_schema_change=OnlineSchemaChange() if online_schema_change else None,
+            transaction_consistent=transaction_consistent,
+            format_options=format_options,
+            sequence_by=sequence_map,
+            partition_by=partition_map,
+            changelog=_table_selection(changelog or []),
+            scd2=_table_selection(scd2 or []),
+            deletion_vectors=deletion_vectors or "auto",  # type: ignore[arg-type]
+            table_format=(table_format or "delta"),  # type: ignore[arg-type]
+            iceberg_catalog=iceberg_catalog,
+        )
+    if dry_run:
+        from cdclake.check import check_capture
+
+        with out.status("decoding..."):
+            report = check_capture(spark, settings, files, input_encoding)
+        found = sorted(report.by_topic.items())
+        per_file = ": " + ", ".join(f"{path} {count}" for path, count in found) if len(found) <= 5 else ""
+        out.print(f"dry run, nothing written: {report.messages} messages decoded from {len(found)} files{per_file}")
+        _print_findings(report)
+        return
+    started = datetime.now(UTC)
     with out.status("replaying...") as status:
 
         def progress(result: BatchResult) -> None:
             status.update(f"batch {result.batch_id}: {result.messages} messages")
 
-        if cfg is not None:
-            settings = replay_settings(cfg, format_name)
-            options = {**settings.format_options[format_name], **format_options}
-            settings = replace(settings, keys={**settings.keys, **key_map}, format_options={format_name: options})
-            spark = _session(cfg.spark)
-            results = replay_files(
-                spark,
-                settings,
-                files,
-                encoding=input_encoding,
-                batch_lines=batch_lines,
-                on_batch=progress,
-            )
-            lake, table_format, iceberg_catalog = settings.lake, settings.table_format, settings.iceberg_catalog
-        else:
-            spark = _session()
-            table_format = table_format or "delta"
-            results = run_replay(
-                spark,
-                lake=lake,
-                format_name=format_name,
-                paths=files,
-                encoding=input_encoding,
-                keys=key_map,
-                tables=tables,
-                routes=routes,
-                batch_lines=batch_lines,
-                ddl_policy=ddl_policy or "evolve",  # type: ignore[arg-type]
-                online_schema_change=OnlineSchemaChange() if online_schema_change else None,
-                transaction_consistent=transaction_consistent,
-                format_options=format_options,
-                sequence_by=sequence_map,
-                partition_by=partition_map,
-                changelog=_table_selection(changelog or []),
-                scd2=_table_selection(scd2 or []),
-                deletion_vectors=deletion_vectors or "auto",  # type: ignore[arg-type]
-                table_format=table_format,  # type: ignore[arg-type]
-                iceberg_catalog=iceberg_catalog,
-                on_batch=progress,
-            )
-    _print_summary(spark, lake, results, table_format, iceberg_catalog)
+        results = replay_files(
+            spark,
+            settings,
+            files,
+            encoding=input_encoding,
+            batch_lines=batch_lines,
+            on_batch=progress,
+        )
+    lake, table_format, iceberg_catalog = settings.lake, settings.table_format, settings.iceberg_catalog
+    _print_summary(spark, lake, results, table_format, iceberg_catalog, started=started)
 
 
 @app.command()
@@ -466,6 +482,12 @@ def check(
     missing = [t for t in cfg.kafka.topics or [] if t not in report.by_topic]
     if missing:
         out.print(f"no messages in {', '.join(missing)} (empty, missing, or nothing new since the checkpoint)")
+    _print_findings(report)
+
+
+def _print_findings(report: CheckReport) -> None:
+    """What `check` and `replay --dry-run` found in the messages they decoded; exits 1 if one would be a dead letter
+    (it does not decode, a setting refuses it, its key is NULL, or its row does not meet a CHECK constraint)."""
     if report.tables:
         tables = Table("source table", "events", "lands", "lake table", "key columns", "new columns")
         for found in report.tables:
@@ -504,9 +526,9 @@ def check(
                 f"{found.lake_table} (they would be dead letters)"
             )
     if report.failures:
-        failed = Table("topic", "partition", "offset", "does not decode because")
+        failed = Table(*MESSAGE_COLUMNS, "does not decode because")
         for failure in report.failures:
-            failed.add_row(failure.topic, str(failure.partition), str(failure.offset), failure.reason)
+            failed.add_row(*_message_cells(failure.topic, failure.partition, failure.offset), failure.reason)
         out.print(failed)
     if report.failed:
         out.print(f"{report.failed} of {report.messages} messages do not decode (they would be dead letters)")
@@ -522,7 +544,9 @@ LakeOption = Annotated[str | None, typer.Option(help="Lake directory (or --confi
 PipelineOption = Annotated[
     str | None, typer.Option("--pipeline", help="Only dead letters recorded by this pipeline (`replay`: file replays).")
 ]
-TopicOption = Annotated[str | None, typer.Option("--topic", help="Only this Kafka topic (file replays: the file).")]
+TopicOption = Annotated[
+    str | None, typer.Option("--topic", help="Only this Kafka topic (file replays: the file, as given or absolute).")
+]
 TableOption = Annotated[str | None, typer.Option("--table", help="Only this source table: table or database.table.")]
 ReasonOption = Annotated[
     str | None, typer.Option("--reason", help="Only dead letters whose reason contains this text (any case).")
@@ -561,6 +585,22 @@ def _raw_text(raw: bytes | None) -> str:
         return "base64:" + base64.b64encode(raw).decode("ascii")
 
 
+MESSAGE_COLUMNS: Final = ("topic / file", "partition", "offset / line")
+"""Where a message came from, as the dead-letter tables show it (:func:`_message_cells`)."""
+
+
+def _message_cells(topic: str, partition: int, offset: int) -> list[str]:
+    """A message's coordinates for a table: Kafka topic, partition and offset, or for a message of a capture file,
+    the file and its line (a file replay's offset codes both; ``sources.files.location``)."""
+    from cdclake.sources.files import location
+
+    found = location(topic, offset)
+    if found is None:
+        return [topic, str(partition), str(offset)]
+    path, line = found
+    return [path, "-", f"line {line}"]
+
+
 def _state(dead_letter: DeadLetter) -> str:
     if dead_letter.resolved_at is not None:
         return f"resolved {dead_letter.resolved_at:%Y-%m-%d %H:%M:%S}"
@@ -595,13 +635,11 @@ def dlq_list(
     if not listing.matched:
         out.print(f"no {'' if include_resolved else 'unresolved '}dead letters match in {lake}")
         return
-    columns = ["topic", "partition", "offset", "format", "table", "reason", "recorded at", "state"]
+    columns = [*MESSAGE_COLUMNS, "format", "table", "reason", "recorded at", "state"]
     grid = Table(*columns, *(["key", "value"] if show_value else []))
     for dead in listing.dead_letters:
         cells = [
-            dead.topic,
-            str(dead.partition),
-            str(dead.offset),
+            *_message_cells(dead.topic, dead.partition, dead.offset),
             dead.format or "-",
             ".".join(p for p in (dead.database, dead.table) if p) or "-",
             dead.reason,
@@ -729,9 +767,9 @@ def dlq_replay(
         out.print(f"no unresolved dead letters match in {lake}")
         return
     if report.failures:
-        failed = Table("topic", "partition", "offset", "still failing because")
+        failed = Table(*MESSAGE_COLUMNS, "still failing because")
         for failure in report.failures[:50]:
-            failed.add_row(failure.topic, str(failure.partition), str(failure.offset), failure.reason)
+            failed.add_row(*_message_cells(failure.topic, failure.partition, failure.offset), failure.reason)
         out.print(failed)
         if len(report.failures) > 50:
             out.print(f"... and {len(report.failures) - 50} more (cdclake dlq list --lake {lake})")
@@ -803,8 +841,9 @@ def _session(conf: dict[str, str] | None = None):  # type: ignore[no-untyped-def
 
 
 def _print_summary(  # type: ignore[no-untyped-def]
-    spark, lake: str, results, table_format: str, iceberg_catalog: str | None
+    spark, lake: str, results, table_format: str, iceberg_catalog: str | None, *, started: datetime
 ) -> None:
+    """What a file replay applied, per lake table, and the dead letters it recorded (since ``started``)."""
     from cdclake.sinks import lake_sink
 
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)  # type: ignore[arg-type]
@@ -822,6 +861,30 @@ def _print_summary(  # type: ignore[no-untyped-def]
     out.print(table)
     left_out = f", {excluded} events of excluded tables" if excluded else ""
     out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters{left_out}")
+    if dead:
+        _print_replayed_dead_letters(spark, lake, since=started, count=dead)
+
+
+REPLAY_DEAD_LETTERS_SHOWN: Final = 10
+
+
+def _print_replayed_dead_letters(spark, lake: str, *, since: datetime, count: int) -> None:  # type: ignore[no-untyped-def]
+    """The first dead letters a file replay recorded, each with its file and line, so that a bad capture line can be
+    looked at without a second command."""
+    from cdclake.dlq import DeadLetterFilter, list_dead_letters
+
+    filters = DeadLetterFilter(pipeline="replay", since=since)
+    listing = list_dead_letters(spark, lake, filters, limit=REPLAY_DEAD_LETTERS_SHOWN)
+    grid = Table("file", "line", "table", "reason")
+    for dead in listing.dead_letters:
+        path, _, line = _message_cells(dead.topic, dead.partition, dead.offset)
+        table = ".".join(p for p in (dead.database, dead.table) if p) or "-"
+        grid.add_row(path, line.removeprefix("line "), table, dead.reason)
+    out.print(grid)
+    if count > len(listing.dead_letters):
+        out.print(
+            f"first {len(listing.dead_letters)} of {count} shown: cdclake dlq list --lake {lake} --pipeline replay"
+        )
 
 
 def _one_line_summaries(*apps: typer.Typer) -> None:

@@ -2,8 +2,10 @@
 bytes (``b64``), or a Kafka record with key and timestamp (``records``, see :func:`record_columns`).
 
 Messages keep file order: ``offset`` is ``file_index * 2**40 + line_index`` (so it sorts by file, then line) and
-``topic`` is the file path. Each file is read as one Spark partition, which is what makes the line index follow the
-file (Spark splits and re-orders large files otherwise); decoding is parallel again right after.
+``topic`` is the file path. The line index counts every line of the file from 0, blank ones too (they hold no
+message and are skipped), so a message's coordinates name its line (:func:`location`). Each file is read as one
+Spark partition, which is what makes the line index follow the file (Spark splits and re-orders large files
+otherwise); decoding is parallel again right after.
 """
 
 from __future__ import annotations
@@ -138,13 +140,26 @@ class CaptureFile:
     path: str
     messages: DataFrame
     count: int
+    """How many messages (non-blank lines) the file holds."""
+    end: int
+    """One past the line index of its last message (``count`` when no line is blank)."""
     stored: DataFrame
     """The file's lines, stored once (a local checkpoint) and read by every batch of :meth:`lines`."""
 
     def lines(self, start: int, stop: int) -> DataFrame:
-        """Messages with line index in ``[start, stop)`` (indices count non-empty lines from 0)."""
+        """Messages with line index in ``[start, stop)`` (indices count every line from 0, blank ones too)."""
         base = self.messages.select("*", (F.col("offset") % F.lit(LINES_PER_FILE_LIMIT)).alias("_line"))
         return base.where((F.col("_line") >= start) & (F.col("_line") < stop)).drop("_line")
+
+    def batches(self, size: int) -> list[tuple[int, int]]:
+        """Line ranges ``[start, stop)`` of ``size`` lines that hold at least one message, in file order: a run of
+        blank lines as long as a batch makes no empty batch."""
+        starts: Sequence[int] = range(0, self.end, size)
+        if self.count < self.end:  # blank lines: find the ranges that hold messages (one small job)
+            window = F.floor((F.col("offset") % F.lit(LINES_PER_FILE_LIMIT)) / F.lit(size)).cast("bigint")
+            held = {row[0] for row in self.stored.select(window).distinct().collect()}
+            starts = [start for start in starts if start // size in held]
+        return [(start, min(start + size, self.end)) for start in starts]
 
     def release(self) -> None:
         """Frees the stored lines once no batch reads the file again (else they stay in memory until the JVM
@@ -155,14 +170,19 @@ class CaptureFile:
 def read_file(spark: SparkSession, path: str | Path, index: int, encoding: InputEncoding) -> CaptureFile:
     """Reads one capture file as a raw message frame in line order (see the module doc)."""
     with _whole_file_partitions(spark):
-        lines = spark.read.text(str(path)).where(F.length(F.trim("value")) > 0)
-        # One partition per file: monotonically_increasing_id() is then exactly the 0-based line index.
-        lines = lines.select(
-            (F.lit(index).cast("bigint") * F.lit(LINES_PER_FILE_LIMIT) + F.monotonically_increasing_id()).alias(
-                "offset"
-            ),
-            F.col("value").alias("line"),
-        ).localCheckpoint(eager=True)
+        # One partition per file: monotonically_increasing_id() is then exactly the 0-based line index. It is taken
+        # before blank lines are left out, so that it stays the line's place in the file (see location()).
+        lines = (
+            spark.read.text(str(path))
+            .select(
+                (F.lit(index).cast("bigint") * F.lit(LINES_PER_FILE_LIMIT) + F.monotonically_increasing_id()).alias(
+                    "offset"
+                ),
+                F.col("value").alias("line"),
+            )
+            .where(F.length(F.trim("line")) > 0)
+            .localCheckpoint(eager=True)
+        )
     line = F.col("line")
     key, timestamp = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
     if encoding == "b64":
@@ -180,7 +200,19 @@ def read_file(spark: SparkSession, path: str | Path, index: int, encoding: Input
         F.col("offset"),
         timestamp.alias("timestamp"),
     )
-    return CaptureFile(str(path), messages, lines.count(), lines)
+    extent = lines.agg(F.count(F.lit(1)), F.max(F.col("offset") % F.lit(LINES_PER_FILE_LIMIT))).first()
+    assert extent is not None
+    count, last = extent
+    return CaptureFile(str(path), messages, count, 0 if last is None else last + 1, lines)
+
+
+def location(topic: str, offset: int) -> tuple[str, int] | None:
+    """The file and line (counted from 1, as editors and ``sed -n 17p`` count) of a message that a file replay
+    read, from its coordinates; None for a Kafka message. Kafka topic names cannot hold a ``/`` (letters, digits,
+    ``.``, ``_`` and ``-`` only), and a capture file's topic is its absolute path or URI."""
+    if "/" not in topic:
+        return None
+    return topic, offset % LINES_PER_FILE_LIMIT + 1
 
 
 def record_columns(line: Column) -> tuple[Column, Column, Column]:
