@@ -114,6 +114,12 @@ def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
             "or set `format:` for the topics not listed",
         ),
         (_with(topic_formats={"tt": "canal-json"}), "topic_formats", "add it to kafka.topics"),
+        # The bad format is the topic's, not the valid `format:`.
+        (_with(topic_formats={"t": "dataworks"}), "topic_formats", "map each topic to a name"),
+        # A misspelt key is also a missing one: the unknown key is named, with the key it most looks like.
+        (_with(kafka={"bootstrap_server": "b:9092", "topics": ["t"]}), "kafka.bootstrap_server", "`bootstrap_servers`"),
+        # The fix names a README section that exists.
+        (_with(tombstone_retention_hours=-5), "tombstone_retention_hours", "README (Use: Stream from Kafka)"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(data: dict, key: str, fix: str) -> None:
@@ -222,3 +228,16 @@ def test_a_trigger_interval_spark_does_not_read_is_refused_when_loaded(interval:
 )
 def test_the_trigger_intervals_spark_reads_are_taken(interval: str) -> None:
     assert parse_config(_with(trigger={"processing_time": interval})).trigger.processing_time == interval
+
+
+def test_local_lake_and_checkpoint_paths_are_made_absolute_and_uris_kept(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    kafka = {"bootstrap_servers": "b:9092", "topics": ["t"]}
+    relative = parse_config({"lake": "lake", "checkpoint": "ck/x", "format": "canal-json", "kafka": kafka})
+    assert (relative.lake, relative.checkpoint) == (str(tmp_path / "lake"), str(tmp_path / "ck" / "x"))
+    remote = parse_config({"lake": "s3a://bucket/lake", "format": "canal-json", "kafka": kafka})
+    assert (remote.lake, remote.checkpoint_location) == (
+        "s3a://bucket/lake",
+        "s3a://bucket/lake/_cdclake/checkpoints/cdclake",
+    )
+    assert parse_config({"lake": "file:/data/lake", "format": "canal-json", "kafka": kafka}).lake == "file:/data/lake"

@@ -1,6 +1,6 @@
 """Progress rows: rolled up on the driver from the batch summary, they equal the SQL definition over the batch's
 decoded events (per table: events by op, last position and event time; per Kafka partition: last offset and
-newest event time, heartbeats included; dead letters never count)."""
+newest event time, heartbeats included; a dead letter counts only in its partition's last offset)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def _reference(events: DataFrame) -> list[dict[str, Any]]:
     """The progress rows by their definition, in Spark SQL over the decoded events."""
     # Stored first: a filter on the decoders' error column, pushed into their projections, would inline the whole
     # error expression there, which took Spark about a minute to optimise and generate code for.
-    good = events.localCheckpoint(eager=True).where(F.col(model.ERROR).isNull())
+    stored = events.localCheckpoint(eager=True)
+    good = stored.where(F.col(model.ERROR).isNull())
     ops = F.map_from_entries(F.collect_list(F.struct("op", "n")))
     tables = (
         good.where(F.col(model.TABLE).isNotNull())
@@ -50,12 +51,22 @@ def _reference(events: DataFrame) -> list[dict[str, Any]]:
         .agg(ops.alias("ops"), F.sum("n").alias("events"), F.max("p").alias("last_position"), F.max("t").alias("t"))
         .select(F.lit("table").alias("scope"), "database", "schema", "table", "ops", "events", "last_position", "t")
     )
-    streams = (
+    counted = (
         good.groupBy(model.TOPIC, model.PARTITION, model.OP)
-        .agg(F.count("*").alias("n"), F.max(model.OFFSET).alias("o"), F.max(model.EVENT_TIME).alias("t"))
+        .agg(F.count("*").alias("n"), F.max(model.EVENT_TIME).alias("t"))
         .groupBy(model.TOPIC, model.PARTITION)
-        .agg(ops.alias("ops"), F.sum("n").alias("events"), F.max("o").alias("last_offset"), F.max("t").alias("t"))
-        .select(F.lit("stream").alias("scope"), "topic", "partition", "ops", "events", "last_offset", "t")
+        .agg(ops.alias("ops"), F.sum("n").alias("events"), F.max("t").alias("t"))
+    )
+    # Every message read moves its partition's last offset, a dead letter's too.
+    read = stored.groupBy(model.TOPIC, model.PARTITION).agg(F.max(model.OFFSET).alias("last_offset"))
+    streams = read.join(counted, [model.TOPIC, model.PARTITION], "left").select(
+        F.lit("stream").alias("scope"),
+        "topic",
+        "partition",
+        F.coalesce("ops", F.create_map().cast("map<string,bigint>")).alias("ops"),
+        F.coalesce("events", F.lit(0)).cast("bigint").alias("events"),
+        "last_offset",
+        "t",
     )
     return _rows(tables.unionByName(streams, allowMissingColumns=True))
 
@@ -81,3 +92,9 @@ def test_progress_rows_equal_their_definition(spark: SparkSession, tmp_path: Pat
     assert len({(r["topic"], r["partition"]) for r in expected if r["scope"] == "stream"}) == 6
     assert actual == expected
     assert sum(r["events"] for r in actual if r["scope"] == "stream") == result.messages - result.dead_letters
+    # A batch of dead letters only still records how far its partition was read (status showed no progress).
+    bad = messages.where(F.col("offset") == 0).select("key", F.lit(b"not json").alias("value"), *messages.columns[2:])
+    assert pipeline.process_batch(bad, 8).dead_letters == 1
+    [where] = bad.select("topic", "partition", "offset").collect()
+    read = progress.where("batch_id = 8").select("scope", "topic", "partition", "last_offset", "events").collect()
+    assert [tuple(row) for row in read] == [("stream", *where, 0)]

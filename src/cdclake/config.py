@@ -41,6 +41,8 @@ Example::
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -401,12 +403,16 @@ class PipelineConfig(_Strict):
             raise ValueError(f"topic_formats names topics that are not in kafka.topics: {', '.join(unknown)}")
         if topics and (unread := [t for t in topics if self.format is None and t not in self.topic_formats]):
             raise ValueError(f"topics without a format: {', '.join(unread)}")
-        for name in [self.format, *self.topic_formats.values()]:
-            if name is not None:
-                try:
-                    get_format(name)
-                except UnknownFormatError as exc:
-                    raise ValueError(str(exc)) from None
+        if self.format is not None:
+            try:
+                get_format(self.format)
+            except UnknownFormatError as exc:
+                raise ValueError(str(exc)) from None
+        for topic, name in self.topic_formats.items():
+            try:
+                get_format(name)
+            except UnknownFormatError as exc:
+                raise ValueError(f"{exc} (for topic {topic} in topic_formats)") from None
         return self
 
     @model_validator(mode="after")
@@ -415,16 +421,33 @@ class PipelineConfig(_Strict):
             raise ValueError("iceberg_catalog is only used with `table_format: iceberg`")
         return self
 
+    @field_validator("lake", "checkpoint")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return None if value is None else absolute_location(value)
+
     @property
     def checkpoint_location(self) -> str:
         return self.checkpoint or f"{self.lake.rstrip('/')}/_cdclake/checkpoints/{self.name}"
+
+
+_URI_SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def absolute_location(path: str) -> str:
+    """A lake or checkpoint location for Spark: a local path made absolute, a URI (``s3a://``, ``hdfs://``,
+    ``file:/``) as given. Delta reads ``delta.`lake/t``` as a path only when it is absolute: with a relative lake,
+    each statement that names a table by its path failed (``SCHEMA_NOT_FOUND``: ``spark_catalog.delta``)."""
+    if _URI_SCHEME.match(path):
+        return path
+    return os.path.abspath(path)
 
 
 def _fix_for(location: str) -> str:
     for key in sorted(FIXES, key=len, reverse=True):
         if location == key or location.startswith(key + "."):
             return FIXES[key]
-    return "see the example at the top of the cdclake.config module docs (README: Configuration)"
+    return "see the example configuration in the README (Use: Stream from Kafka) or atop the cdclake.config module"
 
 
 _CROSS_KEY_PROBLEMS: dict[str, tuple[str, str]] = {
@@ -435,6 +458,7 @@ _CROSS_KEY_PROBLEMS: dict[str, tuple[str, str]] = {
         "map each of them to a name listed by `cdclake formats`, or set `format:` for the topics not listed",
     ),
     "not in kafka.topics": ("topic_formats", "correct the topic's name, or add it to kafka.topics"),
+    "in topic_formats)": ("topic_formats", "map each topic to a name listed by `cdclake formats`"),
 }
 """Problems of a combination of keys (pydantic reports a model validator's error at the root): a phrase of the
 problem -> the key to name and its fix."""
@@ -447,13 +471,14 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     try:
         config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key is also a missing one (`bootstrap_server`): name the unknown key, the cause, first.
+        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         location = ".".join(str(part) for part in error["loc"]) or "<root>"
         # pydantic words a validator's ValueError as "Value error, <its text>": the text is the problem.
         problem = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            return_fix = "remove it or check its spelling (see the README for every key)"
-            raise ConfigError(location, "unknown key", return_fix) from None
+            raise ConfigError(location, "unknown key", _unknown_key_fix(error["loc"], errors)) from None
         if error["type"] == "missing":
             problem = "required key is missing"
         for marker, (key, key_fix) in _CROSS_KEY_PROBLEMS.items():
@@ -475,6 +500,15 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
 
     check_partition_by(config.partition_by, config.table_format)
     return config
+
+
+def _unknown_key_fix(where: tuple[int | str, ...], errors: list[Any]) -> str:
+    """The fix for an unknown key: the missing key of the same section it most looks like, when there is one."""
+    missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == where[:-1]]
+    close = difflib.get_close_matches(str(where[-1]), missing, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{close[0]}`? Rename it (see the README for every key)"
+    return "remove it or check its spelling (see the README for every key)"
 
 
 def load_config(path: str | Path) -> PipelineConfig:

@@ -137,7 +137,7 @@ def run_demo(
             applied += result.messages
             status.update(f"streaming: batch {result.batch_id}, {applied}/{produced} messages applied")
             console.print(
-                f"batch {result.batch_id}: {result.messages} messages -> "
+                f"batch {result.batch_id}: {result.messages} events -> "
                 f"{sum(result.applied.values())} row changes in {len(result.applied)} tables, "
                 f"{result.dead_letters} dead letters"
             )

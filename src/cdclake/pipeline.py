@@ -237,7 +237,9 @@ class BatchResult:
 
     batch_id: int
     messages: int = 0
+    """decoded events (a message can decode to several: a Canal message's rows, a Maxwell row and its commit)."""
     dead_letters: int = 0
+    """events that went to the dead letters (the table holds one row per message)."""
     excluded: int = 0
     """events of tables left out by ``PipelineSettings.tables`` (not applied, not dead-lettered)."""
     applied: dict[str, int] = field(default_factory=dict)
@@ -1494,7 +1496,8 @@ class Pipeline:
     def _progress(self, summary: Sequence[Row], excluded: set[str], batch_id: int, txn: Txn | None) -> None:
         """Per table: events by op, last position, last event time (scope ``table``, or ``excluded`` for the
         ``excluded`` tables, whose events were only counted). Per Kafka partition: last offset and the newest event
-        time of any event, heartbeats and excluded tables included (the source is read up to that time).
+        time of any event, heartbeats and excluded tables included (the source is read up to that time); a dead
+        letter moves the last offset only.
 
         Rolled up on the driver from the batch's :func:`_summary` (a few rows per table and partition): the events
         are not read again for it."""
@@ -1503,6 +1506,9 @@ class Pipeline:
         for row in summary:
             left_out = _table_id_of(row) in excluded
             if row["bad"] and not left_out:
+                # A dead letter is read too: its partition's last offset counts it (status would otherwise show an
+                # offset behind the stream, and a replay of dead letters only no progress at all).
+                streams.setdefault((row[model.TOPIC], row[model.PARTITION]), _Totals()).read_up_to(row["offset"])
                 continue
             if row[model.TABLE] is not None:
                 table = ("excluded" if left_out else "table", *_ident_of(row))
@@ -1684,6 +1690,10 @@ class _Totals:
         self.last_position = _newest(self.last_position, row["position"])
         self.last_offset = _newest(self.last_offset, row["offset"])
         self.last_event_micros = _newest(self.last_event_micros, row["event_micros"])
+
+    def read_up_to(self, offset: int | None) -> None:
+        """An offset read without an event to count (a dead letter's)."""
+        self.last_offset = _newest(self.last_offset, offset)
 
     def figures(self) -> tuple[int, dict[str, int], int | None]:
         """(events, events by op, last event time)."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
+import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -187,15 +190,17 @@ def run(
     messages = kafka.read_stream(spark, config.kafka.spark_options())
 
     raised: list[BaseException] = []
+    stop = _GracefulStop(config.name)
 
     def process(batch: DataFrame, batch_id: int) -> None:
-        try:
-            result = pipeline.process_batch(batch, batch_id)
-        except BaseException as exc:
-            raised.append(exc)  # Spark reports it as the query's failure, as text: kept to raise it as it is
-            raise
-        if on_batch is not None:
-            on_batch(result)
+        with stop.batch():
+            try:
+                result = pipeline.process_batch(batch, batch_id)
+            except BaseException as exc:
+                raised.append(exc)  # Spark reports it as the query's failure, as text: kept to raise it as it is
+                raise
+            if on_batch is not None:
+                on_batch(result)
 
     writer = messages.writeStream.queryName(config.name).option("checkpointLocation", checkpoint)
     if until_caught_up or config.trigger.available_now:
@@ -204,10 +209,15 @@ def run(
         writer = writer.trigger(processingTime=config.trigger.processing_time)
     query = writer.foreachBatch(process).start()
     try:
-        query.awaitTermination()
+        with stop.on_signals(query):
+            query.awaitTermination()
+        if stop.requested.is_set():
+            log.warning("%s stopped; the next run goes on from its checkpoint", config.name)
     except KeyboardInterrupt:
-        log.info("stopping %s", config.name)
-        query.stop()
+        log.warning("%s stopped at once; the next run applies the interrupted batch again", config.name)
+        with contextlib.suppress(Exception):  # the interrupted Py4J call may have left its connection unusable
+            query.stop()
+        raise
     except StreamingQueryException as exc:
         # The batch's own error (a SchemaChangeError of the `fail` policy names the table and the fix), or the
         # Kafka client's reason, instead of the query's wrapping of either; the checkpoint keeps the failed batch.
@@ -220,6 +230,63 @@ def run(
                 "it goes on from its checkpoint)"
             ) from exc
         raise
+
+
+class _GracefulStop:
+    """Ctrl-C or SIGTERM (a Kubernetes pod or YARN container being stopped) while ``cdclake run`` streams: the batch
+    in progress finishes, then the query stops and the run returns. A second signal stops at once (KeyboardInterrupt).
+
+    Without it, Ctrl-C raised KeyboardInterrupt inside the Py4J call that waits for the query: that call's connection
+    was left mid-answer, and stopping the query then printed some 185 lines of Py4J and foreachBatch tracebacks.
+    The stop is asked from a thread of its own, between batches, because the signal arrives while the main thread
+    waits in that call. Either way the lake stays exactly once: an interrupted batch is applied again by the next run.
+    Signals are only caught on the main thread (Python's rule), so a library caller on another thread keeps its own.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.requested = threading.Event()
+        self._running = threading.Event()
+        self._query: Any = None
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        self._running.set()
+        try:
+            yield
+        finally:
+            self._running.clear()
+            if self.requested.is_set():
+                self._stop_query()
+
+    @contextlib.contextmanager
+    def on_signals(self, query: Any) -> Iterator[None]:
+        self._query = query
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+    def _on_signal(self, number: int, frame: Any) -> None:
+        del frame
+        if self.requested.is_set():
+            raise KeyboardInterrupt
+        self.requested.set()
+        log.warning(
+            "%s: %s received, stopping after the batch in progress (again to stop at once)",
+            self.name,
+            signal.Signals(number).name,
+        )
+        if not self._running.is_set():
+            self._stop_query()
+
+    def _stop_query(self) -> None:
+        threading.Thread(target=self._query.stop, name="cdclake-stop", daemon=True).start()
 
 
 def replay(

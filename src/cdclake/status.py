@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 
 from cdclake.pipeline import PROGRESS
 from cdclake.sinks.delta import DeltaSink
+from cdclake.sources.files import location
 
 
 def _lag(event_time: datetime | None, now: datetime) -> str:
@@ -44,6 +45,8 @@ def lake_status(spark: SparkSession, lake: str) -> list[tuple[str, ...]]:
         if row["scope"] in ("table", "excluded"):
             name = ".".join(p for p in (row["database"], row["schema"], row["table"]) if p)
             position = str(row["last_position"] or "-")
+        elif (file := _file_read(row["topic"], row["last_offset"])) is not None:
+            name, position = file  # a file replay's stream: the file, read up to a line
         else:
             name = f"{row['topic']}[{row['partition']}]"
             position = f"offset {row['last_offset']}"
@@ -60,3 +63,9 @@ def lake_status(spark: SparkSession, lake: str) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _file_read(topic: str | None, offset: int | None) -> tuple[str, str] | None:
+    """(file, ``line N``) of a file replay's progress row (``sources.files.location``); None for a Kafka partition."""
+    found = None if topic is None or offset is None else location(topic, offset)
+    return None if found is None else (found[0], f"line {found[1]}")

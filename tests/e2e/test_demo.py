@@ -20,7 +20,7 @@ def test_the_demo_streams_every_table_equal_to_the_source_truth(
     printed = capsys.readouterr().out
     produced = re.search(r"produced (\d+) DataWorks messages for 3 tables", printed)
     assert produced is not None
-    batches = [int(count) for count in re.findall(r"batch \d+: (\d+) messages ->", printed)]
+    batches = [int(count) for count in re.findall(r"batch \d+: (\d+) events ->", printed)]
     assert len(batches) >= 2
     assert sum(batches) == int(produced.group(1))
     for table in ("crm.audit_log", "crm.customer", "shop.orders"):

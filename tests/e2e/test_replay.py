@@ -151,6 +151,9 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     assert at_line == {number: lines[number - 1] for number in at_line}
     printed = [line.split("│") for line in done.stdout.splitlines() if str(path) in line]
     assert sorted(int(cells[2]) for cells in printed) == sorted(at_line) == dry_lines
+    # status: the file, read up to its last line (a dead letter's line counts too)
+    streams = [(row[1], row[3]) for row in lake_status(spark, lake) if row[0] == "stream"]
+    assert streams == [(str(path), f"line {len(lines)}")]
     monkeypatch.chdir(tmp_path)
     listed = CliRunner().invoke(app, ["dlq", "list", "--lake", lake, "--topic", "dw.jsonl"])
     assert listed.exit_code == 0, listed.output
@@ -162,6 +165,22 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     assert [p.name for p in Path(lake, "_cdclake", "changelog", "crm").iterdir()] == ["customer"]
     assert [p.name for p in Path(lake, "_cdclake", "scd2", "crm").iterdir()] == ["customer"]
     assert not Path(lake, "_cdclake", "scd2", "shop").exists()
+
+
+def test_a_lake_given_as_a_relative_path_is_the_one_under_the_working_directory(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delta reads ``delta.`lake/t``` as a path only when it is absolute: `replay` and `maintain` failed on a
+    relative --lake (SCHEMA_NOT_FOUND, TABLE_OR_VIEW_NOT_FOUND) that `status` and `dlq list` took."""
+    history, messages = workload(seed=17, events=20)
+    write_lines(tmp_path / "dw.jsonl", messages)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, ["replay", "--format", "dataworks-json", "--lake", "lake", "dw.jsonl"])
+    assert done.exit_code == 0, done.output
+    assert_lake_equals_truth(str(tmp_path / "lake"), history)
+    maintained = CliRunner().invoke(app, ["maintain", "--lake", "./lake"])
+    assert maintained.exit_code == 0, maintained.output
+    assert_lake_equals_truth(str(tmp_path / "lake"), history)
 
 
 def test_cli_table_selection() -> None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cdclake.config import TriggerConfig
 from cdclake.devtools import broker
 from cdclake.devtools.verify import read_table
+from cdclake.pipeline import BatchResult
 from cdclake.runner import replay, run
 from tests.e2e.helpers import assert_lake_equals_truth, stream_config, topic_with, workload, write_lines
 
@@ -40,13 +46,31 @@ def test_stream_equals_truth_and_replay_of_the_same_messages(spark, kafka, tmp_p
     assert _tables(replayed) == _tables(lake)
 
 
-def test_restart_mid_stream_resumes_from_the_checkpoint(spark, kafka, tmp_path: Path) -> None:
+def test_restart_mid_stream_resumes_from_the_checkpoint(
+    spark, kafka, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first run streams (no end of its own) and is stopped by Ctrl-C after its first batch: it returns once the
+    batch is done, without an error; the second run goes on from the checkpoint."""
     history, messages = workload(seed=22)
     topic = topic_with(kafka, [])
     lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "ckpt")
     half = len(messages) // 2
     broker.produce(kafka, topic, [(m.key, m.value) for m in messages[:half]])
-    run(spark, stream_config(kafka, topic, lake, checkpoint, per_trigger=200))
+    streaming = stream_config(kafka, topic, lake, checkpoint, per_trigger=200)
+    streaming = streaming.model_copy(update={"trigger": TriggerConfig(processing_time="1 second")})
+    assert threading.current_thread() is threading.main_thread()  # where Python delivers signals
+    batches: list[BatchResult] = []
+
+    def interrupt_after_the_first(result: BatchResult) -> None:
+        batches.append(result)
+        if len(batches) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with caplog.at_level(logging.WARNING, logger="cdclake.runner"):
+        run(spark, streaming, on_batch=interrupt_after_the_first)  # returns: no error, no KeyboardInterrupt
+    assert batches
+    assert "SIGINT received, stopping after the batch in progress" in caplog.text
+    assert "stopped; the next run goes on from its checkpoint" in caplog.text
     broker.produce(kafka, topic, [(m.key, m.value) for m in messages[half:]])
     run(spark, stream_config(kafka, topic, lake, checkpoint, per_trigger=200))
     assert_lake_equals_truth(lake, history)

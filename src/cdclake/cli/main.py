@@ -165,7 +165,9 @@ def _lake_of(
     if config is None:
         if lake is None:
             raise InputError("give the lake: --lake DIR, or --config with a pipeline's configuration")
-        return lake, None
+        from cdclake.config import absolute_location
+
+        return absolute_location(lake), None
     from cdclake.config import load_config
 
     _refuse_with_config(config, adding, {"--lake": lake is not None, **(given or {})})
@@ -398,7 +400,7 @@ def replay(
     with out.status("replaying...") as status:
 
         def progress(result: BatchResult) -> None:
-            status.update(f"batch {result.batch_id}: {result.messages} messages")
+            status.update(f"batch {result.batch_id}: {result.messages} events")
 
         results = replay_files(
             spark,
@@ -451,7 +453,7 @@ def run(
         assert isinstance(result, BatchResult)
         applied = sum(result.applied.values())
         err.print(
-            f"batch {result.batch_id}: {result.messages} messages, {applied} row changes applied to "
+            f"batch {result.batch_id}: {result.messages} events, {applied} row changes applied to "
             f"{len(result.applied)} tables, {result.dead_letters} dead letters"
             + (f", {result.excluded} events of excluded tables" if result.excluded else "")
         )
@@ -847,7 +849,7 @@ def _print_summary(  # type: ignore[no-untyped-def]
     from cdclake.sinks import lake_sink
 
     sink = lake_sink(spark, lake, table_format, iceberg_catalog=iceberg_catalog)  # type: ignore[arg-type]
-    messages = sum(r.messages for r in results)
+    events = sum(r.messages for r in results)  # decoded events: a Canal message of 3 rows is 3
     dead = sum(r.dead_letters for r in results)
     excluded = sum(r.excluded for r in results)
     changes: dict[str, int] = {}
@@ -860,7 +862,7 @@ def _print_summary(  # type: ignore[no-untyped-def]
         table.add_row(path.removeprefix(lake.rstrip("/") + "/"), str(changes[path]), str(rows))
     out.print(table)
     left_out = f", {excluded} events of excluded tables" if excluded else ""
-    out.print(f"{messages} messages, {len(changes)} tables, {dead} dead letters{left_out}")
+    out.print(f"{events} events, {len(changes)} tables, {dead} dead letters{left_out}")
     if dead:
         _print_replayed_dead_letters(spark, lake, since=started, count=dead)
 
@@ -908,6 +910,9 @@ def main() -> None:
     except CdclakeError as exc:
         err.print(Text.assemble(("error:", "red"), f" {exc}"))
         sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

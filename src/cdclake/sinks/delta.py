@@ -44,6 +44,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
+from cdclake.config import absolute_location
 from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
 from cdclake.sinks.partitioning import (
@@ -553,7 +554,7 @@ class DeltaSink:
         if deletion_vectors not in DELETION_VECTOR_MODES:
             raise ValueError(f"deletion_vectors must be one of {', '.join(DELETION_VECTOR_MODES)}")
         self.spark = spark
-        self.lake = lake.rstrip("/")
+        self.lake = absolute_location(lake).rstrip("/")
         self.system_dir = f"{self.lake}/_cdclake"
         self.deletion_vectors = deletion_vectors
         self.routes = routes or TableRoutes()

@@ -337,11 +337,14 @@ class HistorySink:
         return StructType([StructField(name, _typed(spark_type)) for name, spark_type in columns])
 
     def _changelog_schema(self, columns: Sequence[tuple[str, str]]) -> StructType:
-        fields = list(self._user_struct(columns).fields)
+        user = self._user_struct(columns)
+        fields = list(user.fields)
         for name, spark_type in CHANGELOG_COLUMNS:
             fields.append(StructField(name, _typed(spark_type)))
-            if name == KEY_COLUMN:
-                fields.append(StructField(BEFORE_COLUMN, self._user_struct(columns)))
+            # A table known by no column yet (a TRUNCATE is its first event) gets the before image once it has
+            # columns (_ensure adds it): Delta refuses a struct column without fields.
+            if name == KEY_COLUMN and user.fields:
+                fields.append(StructField(BEFORE_COLUMN, user))
         return StructType(fields)
 
     def _scd2_schema(self, columns: Sequence[tuple[str, str]]) -> StructType:
@@ -394,7 +397,7 @@ class HistorySink:
         if missing:
             # Names come from the lake table (validated by the decoder) and are quoted; nothing is taken from a message.
             self.sink.add_history_columns(
-                path, ", ".join(f"{name} {data_type.simpleString()}" for name, data_type in missing)
+                path, ", ".join(f"{name} {_ddl_type(data_type)}" for name, data_type in missing)
             )
             schema = self.sink.table_schema(path)
             assert schema is not None
@@ -492,7 +495,7 @@ class HistorySink:
         after, before = F.col(model.AFTER), F.col(model.BEFORE)
         image = F.coalesce(after, before)
         typed = dict(columns)
-        before_type = schema[BEFORE_COLUMN].dataType
+        before_type = schema[BEFORE_COLUMN].dataType if BEFORE_COLUMN in schema.fieldNames() else StructType()
         assert isinstance(before_type, StructType)
         before_struct = F.when(
             before.isNotNull(),
@@ -814,6 +817,14 @@ def _differing_types(schema: StructType, wanted: StructType) -> dict[_ColumnPath
         else:
             differing[(existing.name,)] = f.dataType
     return differing
+
+
+def _ddl_type(data_type: DataType) -> str:
+    """A type for ALTER TABLE ADD COLUMNS, struct field names quoted (``simpleString`` leaves them bare, and a lake
+    column may be named ``unit-price``)."""
+    if isinstance(data_type, StructType):
+        return "struct<" + ", ".join(f"{quote(f.name)}: {_ddl_type(f.dataType)}" for f in data_type.fields) + ">"
+    return data_type.simpleString()
 
 
 def _missing(schema: StructType, wanted: StructType) -> list[tuple[str, DataType]]:
