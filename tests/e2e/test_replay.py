@@ -121,7 +121,8 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     costs a Spark start, and the bad-argument cases below already run the installed `cdclake` command.
 
     The capture has blank lines; the dead letters are listed with the file's own line numbers, by `replay` itself
-    and by `dlq list --topic` naming the file as the user wrote it."""
+    and by `dlq list --topic` naming the file as the user wrote it. The lake is given as a relative path: Delta reads
+    ``delta.`lake/t``` as a path only when it is absolute, and `replay` and `maintain` failed on one."""
     history, messages = workload(seed=16, events=60)
     text = to_jsonl(messages).splitlines()
     lines = [*text[:5], "", "   ", *text[5:40], "", *text[40:]]  # blank lines are skipped, and still counted
@@ -130,7 +131,9 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     monkeypatch.delenv("COLUMNS", raising=False)  # one table row per output line (cli.main._console)
     monkeypatch.setattr(cli_main, "out", cli_main._console())
     history_flags = ["--changelog", "crm.customer", "--scd2", "crm.customer"]
-    args = ["replay", "--format", "auto", "--lake", lake, *history_flags, "--deletion-vectors", "always", str(path)]
+    monkeypatch.chdir(tmp_path)
+    assert Path(lake) == tmp_path / "lake"
+    args = ["replay", "--format", "auto", "--lake", "lake", *history_flags, "--deletion-vectors", "always", "dw.jsonl"]
     # A dry run first: it finds what the replay will dead-letter, at the same lines, and writes nothing.
     dry = CliRunner().invoke(app, [*args, "--dry-run"])
     assert dry.exit_code == 1, dry.output
@@ -154,10 +157,11 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     # status: the file, read up to its last line (a dead letter's line counts too)
     streams = [(row[1], row[3]) for row in lake_status(spark, lake) if row[0] == "stream"]
     assert streams == [(str(path), f"line {len(lines)}")]
-    monkeypatch.chdir(tmp_path)
-    listed = CliRunner().invoke(app, ["dlq", "list", "--lake", lake, "--topic", "dw.jsonl"])
+    listed = CliRunner().invoke(app, ["dlq", "list", "--lake", "./lake", "--topic", "dw.jsonl"])
     assert listed.exit_code == 0, listed.output
     assert sorted(int(n) for n in re.findall(r"│ line (\d+)", listed.stdout)) == sorted(at_line)
+    maintained = CliRunner().invoke(app, ["maintain", "--lake", "lake"])
+    assert maintained.exit_code == 0, maintained.output
     # The lake tables use deletion vectors; the truth is read back through delta-rs, which applies them.
     assert "deletionVectors" in (DeltaTable(str(Path(lake, "crm", "customer"))).protocol().reader_features or [])
     assert_lake_equals_truth(lake, history)
@@ -165,22 +169,6 @@ def test_cli_replay_prints_counts_and_exits_zero(spark, lake, tmp_path: Path, mo
     assert [p.name for p in Path(lake, "_cdclake", "changelog", "crm").iterdir()] == ["customer"]
     assert [p.name for p in Path(lake, "_cdclake", "scd2", "crm").iterdir()] == ["customer"]
     assert not Path(lake, "_cdclake", "scd2", "shop").exists()
-
-
-def test_a_lake_given_as_a_relative_path_is_the_one_under_the_working_directory(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Delta reads ``delta.`lake/t``` as a path only when it is absolute: `replay` and `maintain` failed on a
-    relative --lake (SCHEMA_NOT_FOUND, TABLE_OR_VIEW_NOT_FOUND) that `status` and `dlq list` took."""
-    history, messages = workload(seed=17, events=20)
-    write_lines(tmp_path / "dw.jsonl", messages)
-    monkeypatch.chdir(tmp_path)
-    done = CliRunner().invoke(app, ["replay", "--format", "dataworks-json", "--lake", "lake", "dw.jsonl"])
-    assert done.exit_code == 0, done.output
-    assert_lake_equals_truth(str(tmp_path / "lake"), history)
-    maintained = CliRunner().invoke(app, ["maintain", "--lake", "./lake"])
-    assert maintained.exit_code == 0, maintained.output
-    assert_lake_equals_truth(str(tmp_path / "lake"), history)
 
 
 def test_cli_table_selection() -> None:
