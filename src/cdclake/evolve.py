@@ -334,7 +334,8 @@ class SchemaEvolution:
         raise SchemaChangeError(
             f"schema change of {name} stopped the pipeline (ddl policy 'fail'): {ddl!r}{detail}. "
             f"Fix: apply the change to the lake table yourself, or set `ddl: {{tables: {{{name}: evolve}}}}` "
-            "(or `ignore`) in the configuration, then restart; the batch is processed again."
+            "(or `ignore`) in the configuration (a file replay: --ddl-policy), then restart; the batch is processed "
+            "again."
         )
 
     @staticmethod
