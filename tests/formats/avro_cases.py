@@ -147,6 +147,25 @@ def _account(
     ]
 
 
+# (column, MySQL charset, text) of the charsets golden case: each text encoded with the charset's Python codec.
+CHARSET_TEXTS = [
+    ("gbk", "gbk", "张三的账户"),
+    ("gb18030", "gb18030", "丁\ufffd𠀀"),  # GB18030 holds U+FFFD and every Unicode character
+    ("big5", "big5", "臺灣銀行"),
+    ("sjis", "sjis", "東京タワー"),
+    ("euckr", "euckr", "서울"),
+    ("latin2", "latin2", "Łódź"),
+    ("cp1251", "cp1251", "Москва"),
+    ("utf16", "utf16", "Zoë 🚀"),
+    ("upper_case", "GBK", "上海"),
+]
+CHARSET_CODECS = {"utf16": "utf-16-be"}
+
+
+def _encoded(charset: str, text: str) -> bytes:
+    return text.encode(CHARSET_CODECS.get(charset, charset))
+
+
 def _bogus_operation_schema() -> Any:
     raw = json.loads((SHARED / "formats" / "dts-record.avsc").read_text())
     for field in raw["fields"]:
@@ -212,6 +231,28 @@ def dts_cases() -> dict[str, list[dict[str, Any]]]:
                 tags={"pk_uk_info": '{"PRIMARY":["id"],"uk_u64":["u64"]}'},
                 fields=kinds_fields,
                 afterImages=kinds_after,
+            ),
+        ),
+        _line(
+            "INSERT: MySQL charsets beyond UTF-8 (dts.md 1.6 gbk, gb18030, big5; also sjis, euckr, latin2, cp1251, "
+            "MySQL's big-endian utf16), a real U+FFFD in gb18030, upper-case charset names",
+            s,
+            _dts(
+                "INSERT",
+                7800005,
+                objectName="bank.charsets",
+                tags=PK_ID,
+                fields=[
+                    {"name": "id", "dataTypeNumber": 8},
+                    *({"name": column, "dataTypeNumber": 253} for column, _, _ in CHARSET_TEXTS),
+                ],
+                afterImages=[
+                    _i("1"),
+                    *(
+                        _dts_value("Character", charset=charset, value=_encoded(charset, text))
+                        for _, charset, text in CHARSET_TEXTS
+                    ),
+                ],
             ),
         ),
         _line(
@@ -363,7 +404,7 @@ def dts_cases() -> dict[str, list[dict[str, Any]]]:
             ),
         ),
         _line(
-            "unsupported charset gbk",
+            "unsupported charset armscii8 (no Java charset)",
             s,
             _dts(
                 "INSERT",
@@ -371,7 +412,19 @@ def dts_cases() -> dict[str, list[dict[str, Any]]]:
                 objectName="bank.accounts",
                 tags=PK_ID,
                 fields=ACCOUNT_FIELDS,
-                afterImages=[before[0], _dts_value("Character", charset="gbk", value=b"\xd5\xc5"), *before[2:]],
+                afterImages=[before[0], _dts_value("Character", charset="armscii8", value=b"\xb1"), *before[2:]],
+            ),
+        ),
+        _line(
+            "Character gbk bytes that are not GBK (a lead byte without its trail byte)",
+            s,
+            _dts(
+                "INSERT",
+                7800073,
+                objectName="bank.accounts",
+                tags=PK_ID,
+                fields=ACCOUNT_FIELDS,
+                afterImages=[before[0], _dts_value("Character", charset="gbk", value=b"\xd5\xc5\x81 "), *before[2:]],
             ),
         ),
         _line(
@@ -632,6 +685,21 @@ def drs_cases() -> dict[str, list[dict[str, Any]]]:
                 afterImages=[
                     _drs_value("Integer", precision=8, value="3"),
                     _drs_value("Timestamp", timestamp=1714979289123, millis=0),
+                ],
+            ),
+        ),
+        _line(
+            "INSERT: a label in GBK and one in Big5 (Character charsets beyond UTF-8, decoded as DTS's are)",
+            s,
+            _drs(
+                "INSERT",
+                604,
+                tableName="things",
+                fields=[*THING_FIELDS[:2], {"name": "label_tw", "dataTypeNumber": 12}],
+                afterImages=[
+                    _drs_value("Integer", precision=8, value="4"),
+                    _drs_value("Character", charset="gbk", value="华为云".encode("gbk")),
+                    _drs_value("Character", charset="big5", value="華為雲".encode("big5")),
                 ],
             ),
         ),

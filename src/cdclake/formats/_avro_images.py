@@ -57,16 +57,54 @@ def integer(member: Column, spark_type: Column | str) -> Column:
     return value(clean, spark_type, F.when(bad, F.format_string("Integer value '%s' is not an integer", text)))
 
 
-# MySQL charset names (dts.md 1.6) -> how to decode. Spark's decode() raises on malformed input under the default
-# coding-error action, so UTF-8 (and ASCII, its subset) is decoded by a cast and checked with is_valid_utf8; latin1
-# is decoded as ISO-8859-1, which cannot fail, then MySQL's latin1 (dts.md 1.6: "latin1->cp1252") is made of it:
-# the bytes 0x80-0x9F are cp1252's letters and signs there (0x80 the euro sign, 0x92 the right single quote of
-# Windows text), not C1 control characters, except the five that cp1252 leaves undefined and MySQL keeps as those
-# controls (0x81, 0x8D, 0x8F, 0x90, 0x9D). Spark's decode() knows no cp1252 without its legacy Java charsets.
+# MySQL charset names (dts.md 1.6) -> how to decode. UTF-8 (and ASCII, its subset) is decoded by a cast and checked
+# with is_valid_utf8; latin1 is decoded as ISO-8859-1, which cannot fail, then MySQL's latin1 (dts.md 1.6:
+# "latin1->cp1252") is made of it: the bytes 0x80-0x9F are cp1252's letters and signs there (0x80 the euro sign, 0x92
+# the right single quote of Windows text), not C1 control characters, except the five that cp1252 leaves undefined
+# and MySQL keeps as those controls (0x81, 0x8D, 0x8F, 0x90, 0x9D).
 UTF8_CHARSETS: Final = ("utf8mb4", "utf8", "utf8mb3", "utf-8", "ascii", "us-ascii", "")
 MYSQL_LATIN1: Final = "latin1"
 ISO_8859_1_CHARSETS: Final = ("iso-8859-1", "iso_8859_1")
 BINARY_CHARSETS: Final = ("binary",)
+# The other MySQL charsets a JVM can decode (dts.md 1.6 names gbk, gb18030 and big5), by the Java charset MySQL
+# Connector/J reads each with. Spark's decode() accepts them only when the decoder is analysed with Java's charsets
+# (formats.base.analysed_with_java_charsets), which also makes it replace malformed input instead of failing the
+# batch: :func:`character` tells a replaced byte from a real U+FFFD itself. MySQL's utf16, utf32 and ucs2 are
+# big-endian without a byte-order mark. armscii8, dec8, geostd8, hp8, keybcs2 and swe7 have no Java charset: their
+# values are dead letters ("unsupported Character charset").
+MYSQL_JAVA_CHARSETS: Final = {
+    "gbk": "GBK",
+    "gb18030": "GB18030",
+    "gb2312": "GB2312",
+    "big5": "Big5",
+    "sjis": "Shift_JIS",
+    "cp932": "windows-31j",
+    "ujis": "EUC-JP",
+    "eucjpms": "x-eucJP-Open",
+    "euckr": "EUC-KR",
+    "latin2": "ISO-8859-2",
+    "greek": "ISO-8859-7",
+    "hebrew": "ISO-8859-8",
+    "latin5": "ISO-8859-9",
+    "latin7": "ISO-8859-13",
+    "cp1250": "windows-1250",
+    "cp1251": "windows-1251",
+    "cp1256": "windows-1256",
+    "cp1257": "windows-1257",
+    "cp850": "IBM850",
+    "cp852": "IBM852",
+    "cp866": "IBM866",
+    "koi8r": "KOI8-R",
+    "koi8u": "KOI8-U",
+    "macce": "x-MacCentralEurope",
+    "macroman": "x-MacRoman",
+    "tis620": "TIS-620",
+    "ucs2": "UTF-16BE",
+    "utf16": "UTF-16BE",
+    "utf16le": "UTF-16LE",
+    "utf32": "UTF-32BE",
+}
+_REPLACEMENT_CHARACTER: Final = "\ufffd"
 
 
 def _cp1252_letters() -> tuple[str, str]:
@@ -83,6 +121,16 @@ def _cp1252_letters() -> tuple[str, str]:
 
 
 _C1_CONTROLS, _CP1252_LETTERS = _cp1252_letters()
+
+
+def _java_decoded(raw: Column, charset: Column) -> Column:
+    """``raw`` decoded with the Java charset of MySQL ``charset`` (one of :data:`MYSQL_JAVA_CHARSETS`)."""
+    java = F.create_map(*(F.lit(x) for pair in MYSQL_JAVA_CHARSETS.items() for x in pair))[charset]
+    text = F.call_function("decode", raw, java)
+    # A byte sequence the charset cannot decode became U+FFFD. GBK, Big5 and most others cannot hold U+FFFD at all,
+    # GB18030 and the UTF-16/32 forms can: a U+FFFD is real only if the text encodes back to the very same bytes.
+    malformed = F.contains(text, F.lit(_REPLACEMENT_CHARACTER)) & (F.call_function("encode", text, java) != raw)
+    return value(text, "string", F.when(malformed, F.format_string("Character value is not valid %s", charset)))
 
 
 def character(member: Column) -> Column:
@@ -108,6 +156,7 @@ def character(member: Column) -> Column:
         )
         .when(charset.isin(*ISO_8859_1_CHARSETS), value(F.decode(raw, "ISO-8859-1"), "string"))
         .when(charset.isin(*BINARY_CHARSETS), value(F.base64(raw), "binary"))
+        .when(charset.isin(*MYSQL_JAVA_CHARSETS), _java_decoded(raw, charset))
         .otherwise(value(F.lit(None), "string", F.format_string("unsupported Character charset '%s'", charset)))
     )
 

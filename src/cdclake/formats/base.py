@@ -15,6 +15,7 @@ are cached; one built from ``df["name"]`` would be tied to its DataFrame.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -211,6 +212,41 @@ def decode_batch_with_metadata(
     if fmt.metadata.plan_from_definitions:
         return _plans.decode_with_definitions_reusing_plan(fmt.metadata.decode, messages, options, known)
     return fmt.metadata.decode(messages, options, known)
+
+
+JAVA_CHARSET_SETTINGS: Final = {"spark.sql.legacy.javaCharsets": "true", "spark.sql.legacy.codingErrorAction": "true"}
+"""What :func:`analysed_with_java_charsets` sets while a decoder is analysed."""
+_java_charsets_lock: Final = threading.Lock()
+
+
+def analysed_with_java_charsets(decode: DecodeFn) -> DecodeFn:
+    """``decode``, whose ``decode()``/``encode()`` expressions may then name any charset the JVM has (GBK, Big5...)
+    and give U+FFFD (``?`` when encoding) for input they cannot convert, where Spark would fail the whole batch.
+
+    Spark reads both settings when it analyses each ``decode``/``encode`` call and keeps them in the expression, so
+    they are set on the session only while ``decode`` builds its (eagerly analysed) frame, then restored. A decoder
+    that uses this must check for replaced input itself (``_avro_images.character``). The lock keeps two threads'
+    restores from leaving the settings on; another thread analysing meanwhile sees them too, which only widens the
+    charsets its own ``decode``/``encode`` calls accept.
+    """
+
+    @functools.wraps(decode)
+    def decode_with_java_charsets(messages: DataFrame, options: FormatOptions) -> DataFrame:
+        conf = messages.sparkSession.conf
+        with _java_charsets_lock:
+            previous = {key: conf.get(key, None) for key in JAVA_CHARSET_SETTINGS}
+            for key, setting in JAVA_CHARSET_SETTINGS.items():
+                conf.set(key, setting)
+            try:
+                return decode(messages, options)
+            finally:
+                for key, before in previous.items():
+                    if before is None:
+                        conf.unset(key)
+                    else:
+                        conf.set(key, before)
+
+    return decode_with_java_charsets
 
 
 def op_from_code(code: Column, mapping: Mapping[str, Op]) -> Column:

@@ -31,7 +31,15 @@ from pyspark.sql.avro.functions import from_avro
 from cdclake import model
 from cdclake.formats import _avro_images as av
 from cdclake.formats import register
-from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
+from cdclake.formats.base import (
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    analysed_with_java_charsets,
+    finish,
+    first_error,
+    op_from_code,
+)
 from cdclake.model import Op
 
 NAME: Final = "drs-avro"
@@ -163,6 +171,7 @@ def _table_name(name: Column) -> tuple[Column, Column, Column, Column]:
     return database, schema, table, name.isNotNull() & ((n == 0) | (n > 3))
 
 
+@analysed_with_java_charsets
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """DRS Avro messages (plain or single-object encoded) -> canonical events (one per message)."""
     default_database = options.get("database")

@@ -37,7 +37,15 @@ from pyspark.sql.avro.functions import from_avro
 from cdclake import model
 from cdclake.formats import _avro_images as av
 from cdclake.formats import register
-from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
+from cdclake.formats.base import (
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    analysed_with_java_charsets,
+    finish,
+    first_error,
+    op_from_code,
+)
 from cdclake.model import Op
 
 NAME: Final = "dts-avro"
@@ -398,6 +406,7 @@ def _aligned_images() -> tuple[Column, Column]:
     )
 
 
+@analysed_with_java_charsets
 def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """DTS Avro messages -> canonical events (one per message)."""
     del options  # the format has none
