@@ -16,8 +16,9 @@ Spec: ``shared/formats/dts.md`` section 3 (and the DTS vendor page). One JSON me
 Choices where the spec is silent: the message carries no types, so every column is a ``string`` (the exact text);
 the message carries no primary key, so ``meta.rowid`` (Oracle ROWID) is the row identity when present (column
 ``_cdc_row_id``, the only key column; configured keys win over it); without it the pipeline falls back to configured
-keys. Position = ``meta.scn``, then ``meta.trans``, then ``meta.seq`` (section 3: "order by (scn, trans, seq)"),
-null without ``scn`` (Kafka order). Every meta key is optional (section 3).
+keys. Position = ``meta.scn``, then ``meta.trans``, then ``meta.seq`` (section 3: "order by (scn, trans, seq)"; the
+seq of ``meta.idx`` = ``"seq/size"`` when ``meta.seq`` is absent), null without ``scn`` (Kafka order). Every meta key
+is optional (section 3).
 """
 
 from __future__ import annotations
@@ -120,7 +121,10 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     table = F.when(has_owner, table_parts[1]).otherwise(meta["table"])
 
     # Order by (scn, trans, seq) (dts.md section 3); each part padded so that text order = numeric order.
-    scn, trans, seq = meta["scn"], meta["trans"], meta["seq"]
+    scn, trans = meta["scn"], meta["trans"]
+    # meta.idx is "seq/size" (section 3): its seq orders a message that omits meta.seq ("treat all as optional").
+    seq_of_idx = F.regexp_extract(meta["idx"], r"^\s*(\d+)\s*/", 1)
+    seq = F.coalesce(meta["seq"], F.when(seq_of_idx != "", seq_of_idx))
     trans_ok = trans.isNull() | trans.rlike(r"^\d{1,10}(\.\d{1,10})*$")
     trans_key = F.coalesce(
         F.concat_ws(".", F.transform(F.split(trans, r"\."), lambda p: F.lpad(p, 10, "0"))), F.lit("")
