@@ -429,7 +429,8 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         rows = F.when(is_delete, old).otherwise(data)
     elif dialect.swap_option is not None:
         # dts.md section 2: DELETE rows are in `data` (current) or `old` (pre-2022-03-20). The place is unambiguous,
-        # so a DELETE is decoded whichever array holds its row (with or without the swap option).
+        # so a DELETE is read from whichever array holds its row; without the swap option one in `old` is a dead
+        # letter all the same (see legacy_delete below).
         rows = F.when(is_delete, F.coalesce(data, old)).otherwise(data)
     else:
         rows = data
@@ -562,6 +563,19 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     if dialect.wrong_delete_hint is not None:
         other = old if dialect.delete_row_in == "data" else data
         checks.append((is_delete & F.col("_rows").isNull() & other.isNotNull(), dialect.wrong_delete_hint))
+    if dialect.swap_option is not None and not swapped:
+        # dts.md section 2: "a DELETE with data == null and old != null proves legacy ... alarm on a proving DELETE".
+        # Without the option that topic's UPDATEs are read the current way round, so they land their before values:
+        # the DELETE that proves it is a dead letter naming the option, where `status` and `dlq list` show it.
+        legacy_delete = is_delete & data.isNull() & old.isNotNull()
+        checks.append(
+            (
+                legacy_delete,
+                f"DELETE with its row in `old` and `data` null: the layout of DTS instances created before "
+                f"2022-03-20, whose UPDATEs hold their before image in `data` (dts.md 2). Set {dialect.swap_option}: "
+                f"true for this topic (until then its UPDATEs land their old values), then replay this message",
+            )
+        )
     row_array = "old" if dialect.delete_row_in == "old" else "data"
     checks += [
         (
@@ -633,7 +647,8 @@ DTS_CANAL: Final = Dialect(
     swap_aliases=("legacy_swap",),
     options={
         DTS_SWAP_OPTION: "true for DTS instances created before 2022-03-20 and never restarted: UPDATE data = "
-        "before and old = after (alias: legacy_swap). DELETEs are decoded from whichever of data/old holds the row.",
+        "before and old = after (alias: legacy_swap). DELETEs are then read from whichever of data/old holds the row; "
+        "without it a DELETE with its row in old (which proves the old layout) is a dead letter naming this option.",
     },
 )
 
