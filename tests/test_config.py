@@ -165,14 +165,16 @@ def test_the_readme_examples_are_valid_configurations() -> None:
     assert config.kafka.spark_options()["failOnDataLoss"] == "true"
     assert config.table_properties == {"shop.*": {"delta.enableChangeDataFeed": "true"}}
     assert config.partition_by == {"shop.orders": ["region"]}
+    assert config.column_types == {"shop.orders": {"amount": "decimal(12,2)"}}
     fragment_keys = sorted(key for fragment in fragments for key in fragment)
-    assert fragment_keys == ["format", "format_options", "history", "partition_by", "table_properties"]
+    assert fragment_keys == ["column_types", "format", "format_options", "history", "partition_by", "table_properties"]
     with_fragments = [parse_config({**pipeline, **fragment}) for fragment in fragments]
     assert any(c.format_options.get("debezium-avro", {}).get("schema_registry_url") for c in with_fragments)
     assert any(c.history.changelog is True for c in with_fragments)
     retention = {"delta.logRetentionDuration": "interval 60 days"}
     assert any(c.table_properties.get("*") == retention for c in with_fragments)
     assert any(c.partition_by.get("logs.*") == ["event_date"] for c in with_fragments)
+    assert any(c.column_types.get("erp.*") == {"created_at": "timestamp_ntz"} for c in with_fragments)
 
 
 def test_format_options_take_the_names_and_aliases_each_format_reads() -> None:
@@ -241,3 +243,37 @@ def test_local_lake_and_checkpoint_paths_are_made_absolute_and_uris_kept(tmp_pat
         "s3a://bucket/lake/_cdclake/checkpoints/cdclake",
     )
     assert parse_config({"lake": "file:/data/lake", "format": "canal-json", "kafka": kafka}).lake == "file:/data/lake"
+
+
+def test_column_types_are_spelled_as_cdclake_spells_them() -> None:
+    config = parse_config(
+        _with(column_types={"dts.orders": {"amount": "DECIMAL(12, 2)", "qty": "Integer"}, "crm.*": {"born": "date"}})
+    )
+    assert config.column_types == {"dts.orders": {"amount": "decimal(12,2)", "qty": "int"}, "crm.*": {"born": "date"}}
+
+
+@pytest.mark.parametrize(
+    ("column_types", "message"),
+    [
+        ({"dts.orders": {"amount": "decimal(40,2)"}}, "column amount: 'decimal(40,2)' is not a type column_types can"),
+        ({"dts.orders": {"amount": "decimal(2,3)"}}, "column amount: 'decimal(2,3)' is not a type"),
+        ({"dts.orders": {"at": "timestamp"}}, "column at: 'timestamp' is not a type column_types can give; use one of"),
+        ({"dts.orders": {"photo": "binary"}}, "column photo: 'binary' is not a type"),
+        ({"dts.orders": {}}, "table dts.orders has no columns"),
+        ({"dts.orders": {"a": "int", "A": "bigint"}}, "table dts.orders names a column twice"),
+    ],
+)
+def test_a_column_type_cdclake_cannot_give_names_the_key_and_the_types(column_types: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config(_with(column_types=column_types))
+    text = str(error.value)
+    assert "column_types" in text
+    assert message in text
+    assert "decimal(p,s)" in text  # the fix lists the types
+
+
+def test_an_unquoted_decimal_in_a_yaml_flow_mapping_is_named_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(GOOD) + "column_types: {shop.orders: {amount: decimal(12,2)}}\n")
+    with pytest.raises(ConfigError, match=r'quote a decimal type inside \{\.\.\.\}, e\.g\. \{amount: "decimal\(12,2\)"\}'):
+        load_config(path)

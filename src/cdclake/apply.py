@@ -78,6 +78,75 @@ _INTEGRAL_TYPES: Final = ("tinyint", "smallint", "int", "bigint", "timestamp")
 _SEQUENCE_COLUMN: Final = "_sequence_by_column"
 
 
+_RETYPED_COLUMN: Final = "_cdc_column_types"
+
+
+def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) -> DataFrame:
+    """Declares the columns that ``column_types`` names (table name or pattern -> column -> Spark type, see
+    :class:`cdclake.tables.PerTable`; column names compared case-insensitively) with that type in each row event of
+    their table, for the formats whose messages do not carry it (DTS and DRS spell DECIMAL without its scale, and
+    SharePlex and Oracle sources carry text only).
+
+    A value that is not valid canonical text of its new type (:func:`cdclake.model.text_is_valid`) makes its event a
+    dead letter that names the setting, as a format's own type does: never a NULL or a rounded value. Events that
+    are dead letters already keep their reason. ``events`` is returned as it is when nothing is configured.
+    """
+    if not column_types:
+        return events
+    entries = tuple(
+        (table, tuple(sorted((column.lower(), spark_type) for column, spark_type in columns.items())))
+        for table, columns in column_types.items()
+    )
+    is_row = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & F.col(model.ERROR).isNull()
+    # Staged: read inside the lambdas below, which Spark evaluates again for each element.
+    staged = events.withColumn(_RETYPED_COLUMN, F.when(is_row, _column_types_column(entries)))
+    configured = F.col(_RETYPED_COLUMN)
+
+    def new_type(column: Column) -> Column:
+        return configured[F.lower(column["name"])]
+
+    declared = F.transform(
+        F.col(model.COLUMNS),
+        lambda c: F.struct(
+            c["name"].alias("name"),
+            c["vendor_type"].alias("vendor_type"),
+            F.coalesce(new_type(c), c["spark_type"]).alias("spark_type"),
+        ),
+    )
+    retyped_columns = staged.withColumn(
+        model.COLUMNS, F.when(configured.isNotNull(), declared).otherwise(F.col(model.COLUMNS))
+    )
+
+    def first_misfit(image_name: str) -> Column:
+        image = F.col(image_name)
+        misfits = F.filter(
+            F.col(model.COLUMNS),
+            lambda c: new_type(c).isNotNull() & ~model.text_is_valid(image[c["name"]], c["spark_type"]),
+        )
+        bad = misfits[0]
+        return F.when(
+            F.size(misfits) > 0,
+            F.format_string(
+                f"{image_name} value %s of column %s is not a valid %s (column_types; declared %s)",
+                F.substring(image[bad["name"]], 1, 80),
+                bad["name"],
+                bad["spark_type"],
+                bad["vendor_type"],
+            ),
+        )
+
+    error = F.when(configured.isNotNull(), F.coalesce(first_misfit(model.AFTER), first_misfit(model.BEFORE)))
+    return retyped_columns.withColumn(model.ERROR, F.coalesce(F.col(model.ERROR), error)).drop(_RETYPED_COLUMN)
+
+
+@functools.cache
+def _column_types_column(entries: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]) -> Column:
+    def type_map(columns: tuple[tuple[str, str], ...]) -> Column:
+        return F.create_map(*(F.lit(part) for pair in columns for part in pair))
+
+    return per_table(PerTable(entries), type_map, F.lit(None).cast("map<string,string>"))
+
+
 def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     """Replaces the ordering position of row events of the listed tables by a user-chosen column (``sequence_by``:
     table name or pattern -> column name, see :class:`cdclake.tables.PerTable`), with the format's position (or

@@ -26,7 +26,8 @@ Example::
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     #   ddl.online_schema_change: true  -> gh-ost / pt-online-schema-change: keep the table, apply the ghost's changes
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
-    # keys, ddl.tables, sequence_by and history take names or patterns; the most specific match wins
+    column_types: {dts.orders: {amount: "decimal(12,2)"}}   # types the messages do not carry (README: Formats)
+    # keys, ddl.tables, sequence_by, column_types and history take names or patterns; the most specific match wins
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
     history:                                       # optional history tables (README: History tables)
       changelog: true                              # every table, or a list: [crm.customer, shop.orders]
@@ -85,6 +86,9 @@ FIXES: dict[str, str] = {
     "`keys: {crm.audit_log: [id]}`",
     "sequence_by": "map `db.table`, `table` or a pattern (`*` for every table) to the column that orders changes, "
     "e.g. `{shop.orders: version}`",
+    "column_types": "map `db.table` (or `table`, or a pattern) to its columns' types, e.g. "
+    '`column_types: {shop.orders: {amount: "decimal(12,2)"}}` (boolean, tinyint, smallint, int, bigint, float, '
+    "double, decimal(p,s), string, date or timestamp_ntz)",
     "ddl": "use `ddl: {policy: evolve|ignore|fail, tables: {db.table: evolve|ignore|fail}}` (tables may be patterns)",
     "ddl.online_schema_change": "use `online_schema_change: true` under `ddl:` (gh-ost and pt-online-schema-change "
     "names), or `{ghost_tables: [_{table}_gho], trash_tables: [_{table}_del]}`: table names with `{table}` once",
@@ -243,6 +247,40 @@ def _property_text(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) else value
 
 
+RETYPE_TARGETS: Final = (
+    "boolean",
+    "tinyint",
+    "smallint",
+    "int",
+    "bigint",
+    "float",
+    "double",
+    "string",
+    "date",
+    "timestamp_ntz",
+)
+"""The types ``column_types`` may give a column (and ``decimal(p,s)``): those whose canonical text (cdclake.model) is
+the value's plain text. ``timestamp`` (epoch microseconds) and ``binary`` (base64) are not among them: a column's
+text would not be that."""
+_RETYPE_ALIASES: Final = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint", "real": "float"}
+_RETYPE_DECIMAL: Final = re.compile(r"(?:decimal|numeric)\((\d+),(\d+)\)")
+
+
+def retype_target(column: str, spark_type: str) -> str:
+    """``spark_type`` as cdclake spells it (``DECIMAL(12, 2)`` -> ``decimal(12,2)``); ValueError naming ``column``
+    when it is not a type that ``column_types`` can give."""
+    spelled = re.sub(r"\s+", "", str(spark_type)).lower()
+    spelled = _RETYPE_ALIASES.get(spelled, spelled)
+    if spelled in RETYPE_TARGETS:
+        return spelled
+    if (match := _RETYPE_DECIMAL.fullmatch(spelled)) and 0 <= int(match[2]) <= int(match[1]) <= 38 and int(match[1]):
+        return f"decimal({int(match[1])},{int(match[2])})"
+    raise ValueError(
+        f"column {column}: '{spark_type}' is not a type column_types can give; use one of "
+        f"{', '.join(RETYPE_TARGETS[:-3])}, decimal(p,s) with 1 <= p <= 38 and s <= p, {', '.join(RETYPE_TARGETS[-3:])}"
+    )
+
+
 def _checked_names(value: dict[str, _Setting]) -> dict[str, _Setting]:
     """The table names or patterns of a per-table setting (cdclake.tables.PerTable), checked."""
     _checked_patterns(list(value))
@@ -340,6 +378,7 @@ class PipelineConfig(_Strict):
     partition_by: dict[str, list[str]] = Field(default_factory=dict)
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
+    column_types: dict[str, dict[str, str]] = Field(default_factory=dict)
     history: HistoryTablesConfig = Field(default_factory=HistoryTablesConfig)
     transactions: TransactionsConfig = Field(default_factory=TransactionsConfig)
     spark: dict[str, str] = Field(default_factory=dict)
@@ -359,6 +398,35 @@ class PipelineConfig(_Strict):
     @classmethod
     def _sequence_tables(cls, value: dict[str, str]) -> dict[str, str]:
         return _checked_names(value)
+
+    @field_validator("column_types", mode="before")
+    @classmethod
+    def _quoted_decimals(cls, value: Any) -> Any:
+        # YAML ends a value at a comma inside {...}: `{amount: decimal(12,2)}` reads as `decimal(12` and a key `2)`.
+        for table, columns in value.items() if isinstance(value, dict) else ():
+            for column, kind in columns.items() if isinstance(columns, dict) else ():
+                if kind is None and str(column).endswith(")"):
+                    raise ValueError(
+                        f'table {table}: quote a decimal type inside {{...}}, e.g. {{amount: "decimal(12,2)"}} (YAML '
+                        "ends a value at the comma)"
+                    )
+        return value
+
+    @field_validator("column_types")
+    @classmethod
+    def _column_types(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        checked: dict[str, dict[str, str]] = {}
+        for table, columns in value.items():
+            if not columns:
+                raise ValueError(f"table {table} has no columns")
+            lowered = [column.lower() for column in columns]
+            if len(set(lowered)) < len(lowered):
+                raise ValueError(f"table {table} names a column twice (names are compared case-insensitively)")
+            try:
+                checked[table] = {column: retype_target(column, kind) for column, kind in columns.items()}
+            except ValueError as exc:
+                raise ValueError(f"table {table}, {exc}") from None
+        return _checked_names(checked)
 
     @field_validator("table_properties", mode="before")
     @classmethod

@@ -171,6 +171,8 @@ class PipelineSettings:
             (see cdclake.evolve); their row events are counted as excluded tables'.
         sequence_by: table name or pattern (``*``: every table) -> column whose value orders the table's changes
             instead of the format's position (see :func:`cdclake.apply.sequenced`).
+        column_types: table name or pattern -> column -> Spark type its row events declare instead of the
+            format's (see :func:`cdclake.apply.retyped`; types checked by :func:`cdclake.config.retype_target`).
         changelog: tables that get an append-only changelog table (see cdclake.sinks.history.TableSelection).
         scd2: tables that get an SCD type 2 history table (same selection rules).
         dead_letter_handler: when set, receives each batch's dead-letter rows (the ``dead_letters`` columns) instead
@@ -213,6 +215,7 @@ class PipelineSettings:
     ddl_table_policies: Mapping[str, Policy] = field(default_factory=dict)
     online_schema_change: OnlineSchemaChange | None = None
     sequence_by: Mapping[str, str] = field(default_factory=dict)
+    column_types: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     changelog: history.TableSelection = False
     scd2: history.TableSelection = False
     dead_letter_handler: Callable[[DataFrame], None] | None = None
@@ -358,7 +361,8 @@ class Pipeline:
     # -------------------------------------------------------------------------------------------------------------
 
     def decode(self, messages: DataFrame, txn: Txn | None = None, *, store: bool = True) -> DataFrame:
-        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events.
+        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events, with the column types
+        of ``column_types``.
 
         Formats with table definitions in their own messages (``CdcFormat.metadata``, Qlik MD) first hand over the
         batch's definitions (all topics of the format), which are stored in ``<lake>/_cdclake/metadata`` (once per
@@ -387,7 +391,7 @@ class Pipeline:
             parts.append(not_decoded(rest, reason))
         if not parts:
             raise ValueError("no format configured")
-        return reduce(DataFrame.unionByName, parts)
+        return apply.retyped(reduce(DataFrame.unionByName, parts), settings.column_types)
 
     METADATA = "metadata"
     """Bookkeeping table of the table definitions read from messages (see decode)."""

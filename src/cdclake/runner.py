@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from cdclake.config import PipelineConfig
+from cdclake.config import PipelineConfig, retype_target
 from cdclake.evolve import Policy
 from cdclake.exceptions import CdclakeError, SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
@@ -161,6 +161,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         ddl_table_policies=dict(config.ddl.tables),
         online_schema_change=config.ddl.online(),
         sequence_by=dict(config.sequence_by),
+        column_types={table: dict(columns) for table, columns in config.column_types.items()},
         changelog=config.history.changelog,
         scd2=config.history.scd2,
         transaction_consistent=config.transactions.consistent,
@@ -306,6 +307,7 @@ def replay(
     ddl_table_policies: Mapping[str, Policy] | None = None,
     online_schema_change: OnlineSchemaChange | None = None,
     sequence_by: Mapping[str, str] | None = None,
+    column_types: Mapping[str, Mapping[str, str]] | None = None,
     changelog: TableSelection = False,
     scd2: TableSelection = False,
     transaction_consistent: bool = False,
@@ -323,6 +325,7 @@ def replay(
     cdclake.evolve);
     ``changelog`` / ``scd2`` select the tables that get history tables (see cdclake.sinks.history);
     ``deletion_vectors`` when lake and history tables use Delta deletion vectors (see cdclake.sinks.delta.DeltaSink);
+    ``column_types``: table name or pattern -> column -> the type its row events declare (see cdclake.apply.retyped);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
     cdclake.sinks.iceberg); ``table_properties``: the lake tables' own properties, ``partition_by`` the partitioning of
     those it creates (see cdclake.sinks.lake_sink).
@@ -342,6 +345,7 @@ def replay(
         ddl_table_policies=ddl_table_policies,
         online_schema_change=online_schema_change,
         sequence_by=sequence_by,
+        column_types=column_types,
         changelog=changelog,
         scd2=scd2,
         transaction_consistent=transaction_consistent,
@@ -366,6 +370,7 @@ def file_replay_settings(
     ddl_table_policies: Mapping[str, Policy] | None = None,
     online_schema_change: OnlineSchemaChange | None = None,
     sequence_by: Mapping[str, str] | None = None,
+    column_types: Mapping[str, Mapping[str, str]] | None = None,
     changelog: TableSelection = False,
     scd2: TableSelection = False,
     transaction_consistent: bool = False,
@@ -390,6 +395,10 @@ def file_replay_settings(
         ddl_table_policies=dict(ddl_table_policies or {}),
         online_schema_change=online_schema_change,
         sequence_by=dict(sequence_by or {}),
+        column_types={
+            table: {column: retype_target(column, spark_type) for column, spark_type in columns.items()}
+            for table, columns in (column_types or {}).items()
+        },
         changelog=changelog,
         scd2=scd2,
         transaction_consistent=transaction_consistent,

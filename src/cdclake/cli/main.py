@@ -78,6 +78,26 @@ def _parse_sequence_by(values: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _parse_column_types(values: list[str]) -> dict[str, dict[str, str]]:
+    from cdclake.config import retype_target
+
+    column_types: dict[str, dict[str, str]] = {}
+    for value in values:
+        target, sep, spark_type = value.partition("=")
+        table, dot, column = target.strip().rpartition(".")
+        if not sep or not dot or not table or not column or not spark_type.strip():
+            raise InputError(
+                f"--column-type {value!r}: expected db.table.column=type, e.g. shop.orders.amount=decimal(12,2) "
+                "(the table may be a pattern)"
+            )
+        try:
+            spelled = retype_target(column, spark_type.strip())
+        except ValueError as exc:
+            raise InputError(f"--column-type {value!r}: {exc}") from None
+        column_types.setdefault(_table_name("--column-type", table), {})[column] = spelled
+    return column_types
+
+
 def _parse_partition_by(values: list[str]) -> dict[str, list[str]]:
     partition_by: dict[str, list[str]] = {}
     for value in values:
@@ -274,6 +294,13 @@ def replay(
         list[str] | None,
         typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
     ] = None,
+    column_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Declare a column's type where the messages do not carry it: db.table.column=decimal(12,2) "
+            "(types: README Formats); repeatable."
+        ),
+    ] = None,
     partition_by: Annotated[
         list[str] | None,
         typer.Option(
@@ -322,6 +349,7 @@ def replay(
     tables = _table_filter(include_table or [], exclude_table or [])
     routes = _table_routes(route or [])
     sequence_map = _parse_sequence_by(sequence_by or [])
+    column_type_map = _parse_column_types(column_type or [])
     partition_map = _parse_partition_by(partition_by or [])
     if format_name not in (None, "auto"):
         get_format(format_name)
@@ -334,6 +362,7 @@ def replay(
         "--online-schema-change": online_schema_change,
         "--transaction-consistent": transaction_consistent,
         "--sequence-by": bool(sequence_by),
+        "--column-type": bool(column_type),
         "--partition-by": bool(partition_by),
         "--changelog": bool(changelog),
         "--scd2": bool(scd2),
@@ -379,6 +408,7 @@ def replay(
             transaction_consistent=transaction_consistent,
             format_options=format_options,
             sequence_by=sequence_map,
+            column_types=column_type_map,
             partition_by=partition_map,
             changelog=_table_selection(changelog or []),
             scd2=_table_selection(scd2 or []),
