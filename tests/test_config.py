@@ -275,5 +275,17 @@ def test_a_column_type_cdclake_cannot_give_names_the_key_and_the_types(column_ty
 def test_an_unquoted_decimal_in_a_yaml_flow_mapping_is_named_with_the_fix(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(GOOD) + "column_types: {shop.orders: {amount: decimal(12,2)}}\n")
-    with pytest.raises(ConfigError, match=r'quote a decimal type inside \{\.\.\.\}, e\.g\. \{amount: "decimal\(12,2\)"\}'):
+    fix = re.escape('quote a decimal type inside {...}, e.g. {amount: "decimal(12,2)"}')
+    with pytest.raises(ConfigError, match=fix):
         load_config(path)
+
+
+def test_settings_made_in_code_spell_column_types_as_cdclake_does_or_name_the_entry() -> None:
+    from cdclake.pipeline import PipelineSettings
+
+    settings = PipelineSettings(lake="/l", app_id="a", column_types={"t": {"amount": "NUMERIC(12, 2)"}})
+    assert settings.column_types == {"t": {"amount": "decimal(12,2)"}}
+    with pytest.raises(ConfigError) as info:
+        PipelineSettings(lake="/l", app_id="a", column_types={"t": {"at": "timestamp"}})
+    assert info.value.key == "column_types.t"
+    assert "column at: 'timestamp' is not a type column_types can give" in str(info.value)

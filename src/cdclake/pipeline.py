@@ -40,6 +40,8 @@ from cdclake import apply, model
 from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
+    FIXES,
+    retype_target,
 )
 from cdclake.constraints import row_not_met, unmet_on_rows, violation_reason
 from cdclake.ddl import TableName
@@ -52,6 +54,7 @@ from cdclake.evolve import (
     schema_events,
     shares_nothing,
 )
+from cdclake.exceptions import ConfigError
 from cdclake.formats import check_options, decode_batch, decode_batch_with_metadata, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
@@ -230,6 +233,14 @@ class PipelineSettings:
 
     def __post_init__(self) -> None:
         check_options(self.format_options)
+        # Spelled as cdclake spells types (`DECIMAL(12, 2)` -> `decimal(12,2)`), whoever built the settings.
+        spelled: dict[str, dict[str, str]] = {}
+        for table, columns in self.column_types.items():
+            try:
+                spelled[table] = {column: retype_target(column, kind) for column, kind in columns.items()}
+            except ValueError as exc:
+                raise ConfigError(f"column_types.{table}", str(exc), FIXES["column_types"]) from None
+        object.__setattr__(self, "column_types", spelled)
         check_table_properties(self.table_properties, self.table_format)
         check_partition_by(self.partition_by, self.table_format)
 

@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from cdclake.config import PipelineConfig, retype_target
+from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.exceptions import CdclakeError, SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS
@@ -395,10 +395,7 @@ def file_replay_settings(
         ddl_table_policies=dict(ddl_table_policies or {}),
         online_schema_change=online_schema_change,
         sequence_by=dict(sequence_by or {}),
-        column_types={
-            table: {column: retype_target(column, spark_type) for column, spark_type in columns.items()}
-            for table, columns in (column_types or {}).items()
-        },
+        column_types={table: dict(columns) for table, columns in (column_types or {}).items()},
         changelog=changelog,
         scd2=scd2,
         transaction_consistent=transaction_consistent,
