@@ -75,3 +75,31 @@ def test_the_replay_flag_takes_table_column_and_type() -> None:
         _parse_column_types(["amount=decimal(12,2)"])
     with pytest.raises(InputError, match="'timestamp' is not a type column_types can give"):
         _parse_column_types(["shop.orders.at=timestamp"])
+
+
+@pytest.mark.spark
+def test_a_dry_run_names_the_bare_decimals_that_would_land_as_text_and_the_setting(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
+    """`replay --dry-run` (in this process: `replay` takes the active test session) with `--column-type` for one
+    table: the other's bare decimal is named with the setting, and the value the type cannot hold is found."""
+    from typer.testing import CliRunner
+
+    from cdclake.cli import main as cli_main
+
+    capture = tmp_path / "dts-canal.jsonl"
+    capture.write_text("".join(m + "\n" for m in _messages()), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    monkeypatch.delenv("COLUMNS", raising=False)  # one table row per output line (cli.main._console)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    args = ["replay", "--dry-run", "--format", "dts-canal-json", "--lake", lake, str(capture)]
+    dry = CliRunner().invoke(cli_main.app, [*args, "--column-type", "crm.orders.amount=decimal(12,2)"])
+    assert dry.exit_code == 1, dry.output  # a message would be a dead letter
+    assert "crm.other: amount (decimal) would land as text" in dry.stdout
+    assert "crm.orders: amount" not in dry.stdout
+    assert "1.005 of column amount is not a valid decimal(12,2) (column_types" in " ".join(dry.stdout.split())
+    assert not Path(lake).exists()
+
+    untyped = CliRunner().invoke(cli_main.app, args)
+    assert untyped.exit_code == 0, untyped.output  # every message decodes: the decimals stay text
+    assert "crm.orders: amount (decimal) would land as text" in untyped.stdout

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import Final
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,6 +62,9 @@ class TableFinding:
             that the messages do not carry (it would be created without them); None when it would not.
         null_keys: sampled row events with no value in a key column (they would be dead letters: rows with a NULL
             key cannot be told apart).
+        untyped_decimals: columns the messages declare as a bare ``decimal``/``numeric``/``number`` (no precision and
+            scale: DTS, DRS) and that therefore land as exact text in a ``string`` column, as ``column (vendor
+            type)``; ``column_types`` would type them.
     """
 
     name: str
@@ -77,6 +81,7 @@ class TableFinding:
     properties_to_set: dict[str, str] = field(default_factory=dict)
     partitioning_note: str | None = None
     null_keys: int = 0
+    untyped_decimals: list[str] = field(default_factory=list)
 
     @property
     def refused_by_setting(self) -> int:
@@ -180,6 +185,10 @@ def check_messages(
     return report
 
 
+BARE_DECIMAL_TYPES: Final = ("decimal", "numeric", "number", "dec", "fixed")
+"""Vendor type names of a decimal that give no precision and scale (``TableFinding.untyped_decimals``)."""
+
+
 def _failures(events: DataFrame, report: CheckReport, shown: int) -> None:
     coordinates = ["topic", "partition", "offset"]
     failed = events.where(F.col(model.ERROR).isNotNull()).groupBy(*coordinates).agg(F.min(model.ERROR).alias("reason"))
@@ -214,6 +223,20 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
     ops: dict[tuple[str | None, ...], dict[str, int]] = {}
     for row in staged.groupBy(*table, model.OP).count().collect():
         ops.setdefault(tuple(row[name] for name in table), {})[row[model.OP]] = row["count"]
+    # Bare DECIMAL types (dts.md 2, drs.md 2 spell them without precision and scale) that land as text.
+    untyped: dict[tuple[str | None, ...], list[str]] = {}
+    bare_decimals = (
+        staged.where(is_row)
+        .select(*table, F.explode(model.COLUMNS).alias("_c"))
+        .where(
+            (F.col("_c")["spark_type"] == "string")
+            & F.lower(F.trim(F.col("_c")["vendor_type"])).isin(*BARE_DECIMAL_TYPES)
+        )
+        .select(*table, F.format_string("%s (%s)", F.col("_c")["name"], F.col("_c")["vendor_type"]).alias("_column"))
+        .distinct()
+    )
+    for row in bare_decimals.orderBy("_column").collect():
+        untyped.setdefault(tuple(row[name] for name in table), []).append(row["_column"])
     image_columns: dict[tuple[str | None, ...], list[str]] = {}
     named = staged.select(*table, F.explode(F.map_keys(image)).alias("_column")).distinct()
     for row in named.orderBy("_column").collect():
@@ -264,6 +287,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
                 # Events a missing key column already refuses are counted there (setting_problem).
                 null_keys=0 if key_problem is not None else int(row["null_keys"] or 0),
+                untyped_decimals=untyped.get(ident, []) if lands == "yes" else [],
             )
         )
     return findings

@@ -268,12 +268,17 @@ def text_is_valid(text: Column, spark_type: Column) -> Column:
         valid = F.lit(True) if name == "string" else typed_value(text, name).isNotNull()
         branches = branches.when(spark_type == name, valid)
     decimal_type = r"^decimal\(\d{1,2},\d{1,2}\)$"
-    # decimal(p,s) -> p and s without a regular expression (this runs per value).
+    return branches.when(
+        spark_type.rlike(decimal_type), decimal_text_fits(text, *decimal_parameters(spark_type))
+    ).otherwise(F.lit(False))
+
+
+def decimal_parameters(spark_type: Column) -> tuple[Column, Column]:
+    """(precision, scale) of a ``decimal(p,s)`` type name, as ints; what they are for another name is undefined (the
+    caller tests the name). Without a regular expression: this runs per value."""
     precision = F.substring_index(F.substring_index(spark_type, "(", -1), ",", 1).cast("int")
     scale = F.substring_index(F.substring_index(spark_type, ",", -1), ")", 1).cast("int")
-    return branches.when(spark_type.rlike(decimal_type), decimal_text_fits(text, precision, scale)).otherwise(
-        F.lit(False)
-    )
+    return precision, scale
 
 
 _DECIMAL_TEXT: Final = r"^[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d{1,9}))?$"

@@ -546,6 +546,11 @@ def _print_findings(report: CheckReport) -> None:
             out.print(f"lake table {found.lake_table} would get table properties {changes} (table_properties)")
         if found.partitioning_note:
             out.print(f"{found.name}: {found.partitioning_note}")
+        if found.untyped_decimals:
+            out.print(
+                f"{found.name}: {', '.join(found.untyped_decimals)} would land as text: the messages give no precision "
+                "and scale; `column_types` (replay: --column-type) types them"
+            )
         if found.null_keys and found.lands == "yes":
             out.print(
                 f"{found.null_keys} events of {found.name} would be dead letters: a key column "

@@ -353,8 +353,6 @@ def canonical_value(text: Column, spark_type: Column) -> Column:
 
     Other types keep the text; the shared checks of ``finish`` validate it against the declared type.
     """
-    precision = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 1).cast("int")
-    scale = F.regexp_extract(spark_type, r"^decimal\((\d+),(\d+)\)$", 2).cast("int")
     binary_text, binary_ok = _binary_value(text)
     datetime_text, datetime_ok = _datetime_value(text)
     converted = (
@@ -367,7 +365,7 @@ def canonical_value(text: Column, spark_type: Column) -> Column:
         F.when(text.isNull(), F.lit(True))
         .when(spark_type == "binary", binary_ok)
         .when(spark_type == "timestamp_ntz", datetime_ok)
-        .when(spark_type.startswith("decimal("), model.decimal_text_fits(text, precision, scale))
+        .when(spark_type.startswith("decimal("), model.decimal_text_fits(text, *model.decimal_parameters(spark_type)))
         .otherwise(F.lit(True))
     )
     return F.struct(converted.alias("text"), F.coalesce(ok, F.lit(False)).alias("ok"))
