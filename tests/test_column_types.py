@@ -1,8 +1,9 @@
-"""``column_types``: types the messages do not carry. DTS and DRS spell a MySQL DECIMAL as a bare ``decimal``, whose
-scale is unknown, so without the setting the lake column is a ``string`` (dts.md 2; drs.md 2)."""
+"""``column_types``: types the messages do not carry. DTS Canal JSON and DRS JSON spell a MySQL DECIMAL as a bare
+``decimal``, whose scale is unknown, so without the setting the lake column is a ``string`` (dts.md 2; drs.md 2)."""
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -32,27 +33,58 @@ def _messages() -> list[str]:
     ]
 
 
+VISIT_TYPES = {"id": "bigint", "day": "varchar", "at": "varchar", "n": "varchar"}
+# Text that Spark's casts would take and truncate or respell (a time after a date, a zone after a wall-clock time, a
+# seventh fraction digit, blanks around an integer): with column_types, each is a dead letter.
+VISITS = [
+    ({"id": "1", "day": "2024-03-01", "at": "2024-03-01 10:15:31.123456", "n": "-7"}, None),
+    ({"id": "2", "day": "2024-03-01 10:15:31", "at": None, "n": None}, "day"),
+    ({"id": "3", "day": None, "at": "2024-03-01 10:15:31+08:00", "n": None}, "at"),
+    ({"id": "4", "day": None, "at": "2024-03-01 10:15:31.1234567", "n": None}, "at"),
+    ({"id": "5", "day": None, "at": None, "n": " 7"}, "n"),
+]
+
+
 @pytest.mark.spark
 def test_a_configured_type_types_the_lake_column_and_a_value_it_cannot_hold_is_a_dead_letter(
     spark, tmp_path: Path
 ) -> None:
     capture = tmp_path / "dts-canal.jsonl"
-    capture.write_text("".join(m + "\n" for m in _messages()), encoding="utf-8")
+    visits = [row_message("INSERT", "visits", [visit], VISIT_TYPES) for visit, _ in VISITS]
+    capture.write_text("".join(m + "\n" for m in [*_messages(), *visits]), encoding="utf-8")
     lake = str(tmp_path / "lake")
     results = replay(
         spark,
         lake=lake,
         format_name="dts-canal-json",
         paths=[str(capture)],
-        # A pattern, another case than the messages', and Spark's spelling with a blank: all as for other settings.
-        column_types={"crm.ord*": {"AMOUNT": "DECIMAL(12, 2)"}},
+        column_types={
+            # A pattern, another case than the messages', and Spark's spelling with a blank: as for other settings.
+            "crm.ord*": {"AMOUNT": "DECIMAL(12, 2)"},
+            "crm.visits": {"day": "date", "at": "timestamp_ntz", "n": "int"},
+        },
     )
-    assert sum(r.dead_letters for r in results) == 1
-    [dead] = read_table(f"{lake}/_cdclake/dead_letters")
-    assert dead["reason"] == (
-        "after value 1.005 of column amount is not a valid decimal(12,2) (column_types; declared decimal)"
+    dead = {row["offset"]: row["reason"] for row in read_table(f"{lake}/_cdclake/dead_letters")}
+    assert sum(r.dead_letters for r in results) == len(dead) == 5
+    # The third line of the capture, then the visits that cannot be held exactly.
+    assert (
+        dead.pop(2)
+        == "after value 1.005 of column amount is not a valid decimal(12,2) (column_types; declared decimal)"
     )
-    assert (dead["partition"], dead["offset"]) == (0, 2)  # the third line of the capture
+    first_visit = len(_messages())
+    expected_types = {"day": "date", "at": "timestamp_ntz", "n": "int"}
+    assert dead == {
+        first_visit + i: f"after value {visit[column]} of column {column} is not a valid {expected_types[column]} "
+        "(column_types; declared varchar)"
+        for i, (visit, column) in enumerate(VISITS)
+        if column is not None
+    }
+    visit_types = {f.name: f.type.type for f in DeltaTable(f"{lake}/crm/visits").schema().fields}
+    assert (visit_types["day"], visit_types["at"], visit_types["n"]) == ("date", "timestamp_ntz", "integer")
+    # read_table gives every timestamp as UTC, a wall-clock one too.
+    assert read_table(f"{lake}/crm/visits") == [
+        {"id": 1, "day": date(2024, 3, 1), "at": datetime(2024, 3, 1, 10, 15, 31, 123456, tzinfo=UTC), "n": -7}
+    ]
 
     # delta-rs reads the tables: an independent reader of their schema and rows.
     types = {f.name: f.type.type for f in DeltaTable(f"{lake}/crm/orders").schema().fields}
@@ -64,6 +96,18 @@ def test_a_configured_type_types_the_lake_column_and_a_value_it_cannot_hold_is_a
     ]
     # A table the setting does not name keeps the format's type: the exact text.
     assert read_table(f"{lake}/crm/other") == [{"id": 1, "amount": "12.50", "note": "n1"}]
+
+    # Later messages without the setting (another replay, a shard the setting does not name) declare the text of a
+    # bare decimal: what fits the lake's decimal(12,2) exactly lands, what a cast would round is a dead letter.
+    later = tmp_path / "later.jsonl"
+    amounts = [{"id": "5", "amount": "2.5", "note": "n5"}, {"id": "6", "amount": "1.005", "note": "n6"}]
+    later.write_text("".join(row_message("INSERT", "orders", [a], TYPES) + "\n" for a in amounts), encoding="utf-8")
+    results = replay(spark, lake=lake, format_name="dts-canal-json", paths=[str(later)])
+    assert sum(r.dead_letters for r in results) == 1
+    reasons = {row["reason"] for row in read_table(f"{lake}/_cdclake/dead_letters")}
+    assert "value of column amount (declared string) does not fit the lake table's type decimal(12,2)" in reasons
+    stored = {row["id"]: row["amount"] for row in read_table(f"{lake}/crm/orders")}
+    assert stored == {1: Decimal("13.10"), 2: Decimal("7.00"), 4: None, 5: Decimal("2.50")}
 
 
 def test_the_replay_flag_takes_table_column_and_type() -> None:

@@ -165,7 +165,7 @@ def test_the_readme_examples_are_valid_configurations() -> None:
     assert config.kafka.spark_options()["failOnDataLoss"] == "true"
     assert config.table_properties == {"shop.*": {"delta.enableChangeDataFeed": "true"}}
     assert config.partition_by == {"shop.orders": ["region"]}
-    assert config.column_types == {"shop.orders": {"amount": "decimal(12,2)"}}
+    assert config.column_types == {"shop.orders_*": {"amount": "decimal(12,2)"}}
     fragment_keys = sorted(key for fragment in fragments for key in fragment)
     assert fragment_keys == ["column_types", "format", "format_options", "history", "partition_by", "table_properties"]
     with_fragments = [parse_config({**pipeline, **fragment}) for fragment in fragments]
@@ -289,3 +289,6 @@ def test_settings_made_in_code_spell_column_types_as_cdclake_does_or_name_the_en
         PipelineSettings(lake="/l", app_id="a", column_types={"t": {"at": "timestamp"}})
     assert info.value.key == "column_types.t"
     assert "column at: 'timestamp' is not a type column_types can give" in str(info.value)
+    # Two spellings of one column (--column-type t.A=int --column-type t.a=bigint) would make a map with one key twice.
+    with pytest.raises(ConfigError, match="table t names a column twice"):
+        PipelineSettings(lake="/l", app_id="a", column_types={"t": {"A": "int", "a": "bigint"}})

@@ -79,16 +79,25 @@ _SEQUENCE_COLUMN: Final = "_sequence_by_column"
 
 
 _RETYPED_COLUMN: Final = "_cdc_column_types"
+# The text forms ``column_types`` takes (README "Formats") where model.text_is_valid takes more: Spark's cast reads
+# `2024-03-01 10:15:31` as a date, `...+08:00` and a 7th fraction digit as a wall-clock time, and drops what it
+# cannot hold; and integer text other than digits (` 7`, `+7`) would make another row key than `7`.
+_RETYPED_FORMS: Final = {
+    "date": r"^\d{4}-\d{2}-\d{2}$",
+    "timestamp_ntz": r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(\.\d{1,6})?$",
+    **dict.fromkeys(("tinyint", "smallint", "int", "bigint"), r"^-?\d+$"),
+}
 
 
 def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) -> DataFrame:
     """Declares the columns that ``column_types`` names (table name or pattern -> column -> Spark type, see
     :class:`cdclake.tables.PerTable`; column names compared case-insensitively) with that type in each row event of
-    their table, for the formats whose messages do not carry it (DTS and DRS spell DECIMAL without its scale, and
+    their table, for the formats whose messages do not carry it (DTS Canal JSON and DRS JSON spell DECIMAL bare, and
     SharePlex and Oracle sources carry text only).
 
-    A value that is not valid canonical text of its new type (:func:`cdclake.model.text_is_valid`) makes its event a
-    dead letter that names the setting, as a format's own type does: never a NULL or a rounded value. Events that
+    A value that is not valid canonical text of its new type (:func:`cdclake.model.text_is_valid`, and the strict
+    forms of :data:`_RETYPED_FORMS`) makes its event a dead letter that names the setting, as a format's own type
+    does: never a NULL, a rounded or a truncated value. Events that
     are dead letters already keep their reason. ``events`` is returned as it is when nothing is configured.
     """
     if not column_types:
@@ -119,9 +128,18 @@ def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) ->
 
     def first_misfit(image_name: str) -> Column:
         image = F.col(image_name)
+
+        def fits(text: Column, spark_type: Column) -> Column:
+            form: Column | None = None
+            for name, pattern in _RETYPED_FORMS.items():
+                matches = text.rlike(pattern)
+                form = F.when(spark_type == name, matches) if form is None else form.when(spark_type == name, matches)
+            assert form is not None
+            return model.text_is_valid(text, spark_type) & F.coalesce(form.otherwise(F.lit(True)), F.lit(True))
+
         misfits = F.filter(
             F.col(model.COLUMNS),
-            lambda c: new_type(c).isNotNull() & ~model.text_is_valid(image[c["name"]], c["spark_type"]),
+            lambda c: new_type(c).isNotNull() & ~fits(image[c["name"]], c["spark_type"]),
         )
         bad = misfits[0]
         return F.when(

@@ -63,8 +63,8 @@ class TableFinding:
         null_keys: sampled row events with no value in a key column (they would be dead letters: rows with a NULL
             key cannot be told apart).
         untyped_decimals: columns the messages declare as a bare ``decimal``/``numeric``/``number`` (no precision and
-            scale: DTS, DRS) and that therefore land as exact text in a ``string`` column, as ``column (vendor
-            type)``; ``column_types`` would type them.
+            scale: DTS Canal JSON, DRS JSON) and that therefore land as exact text in a ``string`` column, as
+            ``column (vendor type)``; ``column_types`` would type them.
     """
 
     name: str

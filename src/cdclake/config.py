@@ -266,6 +266,18 @@ _RETYPE_ALIASES: Final = {"integer": "int", "long": "bigint", "short": "smallint
 _RETYPE_DECIMAL: Final = re.compile(r"(?:decimal|numeric)\((\d+),(\d+)\)")
 
 
+def checked_column_types(table: str, columns: dict[str, str]) -> dict[str, str]:
+    """One table's ``column_types`` entry with its types spelled by :func:`retype_target`; ValueError naming the
+    table for a column named twice (in any case) or a type that cannot be given."""
+    lowered = [column.lower() for column in columns]
+    if len(set(lowered)) < len(lowered):
+        raise ValueError(f"table {table} names a column twice (names are compared case-insensitively)")
+    try:
+        return {column: retype_target(column, kind) for column, kind in columns.items()}
+    except ValueError as exc:
+        raise ValueError(f"table {table}, {exc}") from None
+
+
 def retype_target(column: str, spark_type: str) -> str:
     """``spark_type`` as cdclake spells it (``DECIMAL(12, 2)`` -> ``decimal(12,2)``); ValueError naming ``column``
     when it is not a type that ``column_types`` can give."""
@@ -419,13 +431,7 @@ class PipelineConfig(_Strict):
         for table, columns in value.items():
             if not columns:
                 raise ValueError(f"table {table} has no columns")
-            lowered = [column.lower() for column in columns]
-            if len(set(lowered)) < len(lowered):
-                raise ValueError(f"table {table} names a column twice (names are compared case-insensitively)")
-            try:
-                checked[table] = {column: retype_target(column, kind) for column, kind in columns.items()}
-            except ValueError as exc:
-                raise ValueError(f"table {table}, {exc}") from None
+            checked[table] = checked_column_types(table, columns)
         return _checked_names(checked)
 
     @field_validator("table_properties", mode="before")

@@ -41,7 +41,7 @@ from cdclake.config import (
     DEFAULT_TRANSACTION_MAX_OPEN_SECONDS,
     DEFAULT_TRANSACTION_MAX_PENDING_MESSAGES,
     FIXES,
-    retype_target,
+    checked_column_types,
 )
 from cdclake.constraints import row_not_met, unmet_on_rows, violation_reason
 from cdclake.ddl import TableName
@@ -237,7 +237,7 @@ class PipelineSettings:
         spelled: dict[str, dict[str, str]] = {}
         for table, columns in self.column_types.items():
             try:
-                spelled[table] = {column: retype_target(column, kind) for column, kind in columns.items()}
+                spelled[table] = checked_column_types(table, dict(columns))
             except ValueError as exc:
                 raise ConfigError(f"column_types.{table}", str(exc), FIXES["column_types"]) from None
         object.__setattr__(self, "column_types", spelled)
@@ -1074,7 +1074,13 @@ class Pipeline:
                 )
                 for image in (F.col(model.AFTER), F.col(model.BEFORE)):
                     text = image[name]
-                    lost = this_table & text.isNotNull() & model.typed_value(text, table_type).isNull()
+                    # A cast rounds a decimal's extra fraction digits: the exact fit decides (model.text_is_valid).
+                    fits = (
+                        model.text_is_valid(text, F.lit(table_type))
+                        if table_type.startswith("decimal(")
+                        else (model.typed_value(text, table_type).isNotNull())
+                    )
+                    lost = this_table & text.isNotNull() & ~fits
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
             if constraints.get(plan.table_id):
                 name = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)

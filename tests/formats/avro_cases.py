@@ -742,6 +742,20 @@ def drs_cases() -> dict[str, list[dict[str, Any]]]:
             ),
         ),
         _line("DDL without images: ddl null", s, _drs("DDL", 607, tableName=None)),
+        _line(
+            "DDL in GBK (a Chinese column comment) decodes as DTS's Character values do",
+            s,
+            _drs(
+                "DDL",
+                620,
+                tableName='"shop"."things"',
+                afterImages=[
+                    _drs_value(
+                        "Character", charset="gbk", value="ALTER TABLE things ADD COLUMN 备注 text".encode("gbk")
+                    )
+                ],
+            ),
+        ),
     ]
     good = _avro(s, _drs("INSERT", 608, fields=THING_FIELDS, afterImages=_thing("1", "a", "1")))
     malformed = [
@@ -750,6 +764,16 @@ def drs_cases() -> dict[str, list[dict[str, Any]]]:
         _raw("truncated record", good[: len(good) // 2]),
         _raw("single-object header with another schema's fingerprint", bytes.fromhex("C3010102030405060708") + good),
         _line("unknown operation", s, _drs("MERGE", 609, fields=THING_FIELDS, afterImages=_thing("1", "a", "1"))),
+        _line(
+            "DDL in GBK with bytes that are not GBK: a dead letter, not a statement with U+FFFD in it",
+            s,
+            _drs(
+                "DDL",
+                621,
+                tableName='"shop"."things"',
+                afterImages=[_drs_value("Character", charset="gbk", value=b"ALTER TABLE things ADD COLUMN \x81 text")],
+            ),
+        ),
         _line(
             "afterImages longer than fields",
             s,

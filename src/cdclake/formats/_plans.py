@@ -56,6 +56,10 @@ class _Template:
 
 _templates: OrderedDict[tuple[Any, ...], _Template | None] = OrderedDict()
 _lock = threading.Lock()
+analysis_lock: Final = threading.RLock()
+"""Held while a template is analysed, and by ``base.analysed_with_java_charsets`` while it has session settings
+changed for a decoder's analysis: no other decoder's template is built (and kept, under a key that does not show
+them) with those settings in force."""
 
 
 def decode_reusing_plan(decode: DecodeFn, messages: DataFrame, options: Mapping[str, str]) -> DataFrame:
@@ -109,7 +113,8 @@ def _reusing(identity: tuple[Any, ...], decode: Callable[[DataFrame], DataFrame]
         if known:
             _templates.move_to_end(key)
     if not known:
-        template = _template(spark, decode, messages)
+        with analysis_lock:
+            template = _template(spark, decode, messages)
         with _lock:
             _templates[key] = template
             while len(_templates) > MAX_TEMPLATES:

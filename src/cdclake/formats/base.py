@@ -15,7 +15,6 @@ are cached; one built from ``df["name"]`` would be tied to its DataFrame.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -216,7 +215,6 @@ def decode_batch_with_metadata(
 
 JAVA_CHARSET_SETTINGS: Final = {"spark.sql.legacy.javaCharsets": "true", "spark.sql.legacy.codingErrorAction": "true"}
 """What :func:`analysed_with_java_charsets` sets while a decoder is analysed."""
-_java_charsets_lock: Final = threading.Lock()
 
 
 def analysed_with_java_charsets(decode: DecodeFn) -> DecodeFn:
@@ -225,15 +223,16 @@ def analysed_with_java_charsets(decode: DecodeFn) -> DecodeFn:
 
     Spark reads both settings when it analyses each ``decode``/``encode`` call and keeps them in the expression, so
     they are set on the session only while ``decode`` builds its (eagerly analysed) frame, then restored. A decoder
-    that uses this must check for replaced input itself (``_avro_images.character``). The lock keeps two threads'
-    restores from leaving the settings on; another thread analysing meanwhile sees them too, which only widens the
-    charsets its own ``decode``/``encode`` calls accept.
+    that uses this must check for replaced input itself (``_avro_images.character``). The lock (``_plans``'s, held
+    while any decoder's template is analysed) keeps two threads' restores from leaving the settings on and other
+    decoders' templates from being built with them. Other analysis on another thread meanwhile (none of cdclake's
+    own calls ``decode``/``encode``) would see them too: wider charsets, and bad input replaced instead of failing.
     """
 
     @functools.wraps(decode)
     def decode_with_java_charsets(messages: DataFrame, options: FormatOptions) -> DataFrame:
         conf = messages.sparkSession.conf
-        with _java_charsets_lock:
+        with _plans.analysis_lock:
             previous = {key: conf.get(key, None) for key in JAVA_CHARSET_SETTINGS}
             for key, setting in JAVA_CHARSET_SETTINGS.items():
                 conf.set(key, setting)

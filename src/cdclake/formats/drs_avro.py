@@ -198,6 +198,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         database = F.coalesce(database, F.lit(default_database))
     is_row = op.isin(Op.INSERT.value, Op.UPDATE.value, Op.DELETE.value)
     ddl_text = F.filter(F.coalesce(after_items, F.array()), lambda item: item["member1"].isNotNull())
+    ddl = av.character(F.get(ddl_text, 0)["member1"])
     position = model.sortable_decimal(r["seqno"].cast("string"))
     decoded = with_images.select(
         "*",
@@ -212,7 +213,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(is_row, columns).alias(model.COLUMNS),
         F.when(decoded_ok, position).alias(model.POSITION),
         F.when(decoded_ok, F.timestamp_millis(r["updateTimestamp"])).alias(model.EVENT_TIME),
-        F.when(op == Op.DDL.value, av.character(F.get(ddl_text, 0)["member1"])["text"]).alias(model.DDL),
+        F.when(op == Op.DDL.value, ddl["text"]).alias(model.DDL),
     )
     names = fields["name"]
 
@@ -229,6 +230,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         (is_row & after_error.isNotNull(), after_error),
         (is_row & before_error.isNotNull(), before_error),
         (position.isNull() & decoded_ok, F.format_string("negative seqno %d", r["seqno"])),
+        ((op == Op.DDL.value) & ddl["error"].isNotNull(), F.concat(F.lit("DDL text: "), ddl["error"])),
     )
     return finish(decoded, NAME, error)
 
