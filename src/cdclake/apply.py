@@ -79,6 +79,8 @@ _SEQUENCE_COLUMN: Final = "_sequence_by_column"
 
 
 _RETYPED_COLUMN: Final = "_cdc_column_types"
+_MARKED_COLUMN: Final = "_cdc_marked_columns"
+_RETYPED_LIST: Final = "_cdc_retyped_columns"
 # The text forms ``column_types`` takes (README "Formats") where model.text_is_valid takes more: Spark's cast reads
 # `2024-03-01 10:15:31` as a date, `...+08:00` and a 7th fraction digit as a wall-clock time, and drops what it
 # cannot hold; and integer text other than digits (` 7`, `+7`) would make another row key than `7`.
@@ -107,54 +109,65 @@ def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) ->
         for table, columns in column_types.items()
     )
     is_row = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & F.col(model.ERROR).isNull()
-    # Staged: read inside the lambdas below, which Spark evaluates again for each element.
+    # Staged, step by step: Spark evaluates an expression again wherever it occurs, inside a lambda once per element.
+    # One lambda looks each column's name up; the checks then run over the few retyped columns only.
     staged = events.withColumn(_RETYPED_COLUMN, F.when(is_row, _column_types_column(entries)))
     configured = F.col(_RETYPED_COLUMN)
-
-    def new_type(column: Column) -> Column:
-        return configured[F.lower(column["name"])]
-
-    declared = F.transform(
+    marked = F.transform(
         F.col(model.COLUMNS),
         lambda c: F.struct(
             c["name"].alias("name"),
             c["vendor_type"].alias("vendor_type"),
-            F.coalesce(new_type(c), c["spark_type"]).alias("spark_type"),
+            F.coalesce(configured[F.lower(c["name"])], c["spark_type"]).alias("spark_type"),
+            configured[F.lower(c["name"])].isNotNull().alias("retyped"),
         ),
     )
-    retyped_columns = staged.withColumn(
-        model.COLUMNS, F.when(configured.isNotNull(), declared).otherwise(F.col(model.COLUMNS))
+    staged = staged.withColumn(_MARKED_COLUMN, F.when(configured.isNotNull(), marked))
+    marked_columns = F.col(_MARKED_COLUMN)
+    # The columns with their new types: the marked ones' fields zipped back (generated code, not a lambda).
+    declared = F.arrays_zip(marked_columns["name"], marked_columns["vendor_type"], marked_columns["spark_type"]).cast(
+        f"array<{model.COLUMN_TYPE.simpleString()}>"
     )
+    staged = staged.select(
+        *(
+            F.coalesce(declared, F.col(model.COLUMNS)).alias(c) if c == model.COLUMNS else F.col(c)
+            for c in events.columns
+        ),
+        F.filter(marked_columns, lambda c: c["retyped"]).alias(_RETYPED_LIST),
+    )
+    retyped_list = F.col(_RETYPED_LIST)
+
+    def fits(text: Column, spark_type: Column) -> Column:
+        form: Column | None = None
+        for name, pattern in _RETYPED_FORMS.items():
+            matches = text.rlike(pattern)
+            form = F.when(spark_type == name, matches) if form is None else form.when(spark_type == name, matches)
+        assert form is not None
+        return model.text_is_valid(text, spark_type) & F.coalesce(form.otherwise(F.lit(True)), F.lit(True))
+
+    def misfits_of(image_name: str) -> Column:
+        image = F.col(image_name)
+        return F.filter(retyped_list, lambda c: ~fits(image[c["name"]], c["spark_type"]))
+
+    misfit_columns = {image: f"_cdc_misfits_{image}" for image in (model.AFTER, model.BEFORE)}
+    staged = staged.select("*", *(misfits_of(image).alias(column) for image, column in misfit_columns.items()))
 
     def first_misfit(image_name: str) -> Column:
-        image = F.col(image_name)
-
-        def fits(text: Column, spark_type: Column) -> Column:
-            form: Column | None = None
-            for name, pattern in _RETYPED_FORMS.items():
-                matches = text.rlike(pattern)
-                form = F.when(spark_type == name, matches) if form is None else form.when(spark_type == name, matches)
-            assert form is not None
-            return model.text_is_valid(text, spark_type) & F.coalesce(form.otherwise(F.lit(True)), F.lit(True))
-
-        misfits = F.filter(
-            F.col(model.COLUMNS),
-            lambda c: new_type(c).isNotNull() & ~fits(image[c["name"]], c["spark_type"]),
-        )
+        misfits = F.col(misfit_columns[image_name])
         bad = misfits[0]
         return F.when(
             F.size(misfits) > 0,
             F.format_string(
                 f"{image_name} value %s of column %s is not a valid %s (column_types; declared %s)",
-                F.substring(image[bad["name"]], 1, 80),
+                F.substring(F.col(image_name)[bad["name"]], 1, 80),
                 bad["name"],
                 bad["spark_type"],
                 bad["vendor_type"],
             ),
         )
 
-    error = F.when(configured.isNotNull(), F.coalesce(first_misfit(model.AFTER), first_misfit(model.BEFORE)))
-    return retyped_columns.withColumn(model.ERROR, F.coalesce(F.col(model.ERROR), error)).drop(_RETYPED_COLUMN)
+    error = F.coalesce(F.col(model.ERROR), first_misfit(model.AFTER), first_misfit(model.BEFORE))
+    return staged.select(*(error.alias(c) if c == model.ERROR else F.col(c) for c in events.columns))
 
 
 @functools.cache
