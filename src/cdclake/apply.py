@@ -99,8 +99,8 @@ def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) ->
 
     A value that is not valid canonical text of its new type (:func:`cdclake.model.text_is_valid`, and the strict
     forms of :data:`_RETYPED_FORMS`) makes its event a dead letter that names the setting, as a format's own type
-    does: never a NULL, a rounded or a truncated value. Events that
-    are dead letters already keep their reason. ``events`` is returned as it is when nothing is configured.
+    does: never a NULL, a rounded or a truncated value. Events that are dead letters already keep their reason.
+    ``events`` is returned as it is when nothing is configured.
     """
     if not column_types:
         return events

@@ -51,6 +51,7 @@ from typing import Any, Final, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cdclake import model
 from cdclake.exceptions import ConfigError, UnknownFormatError
 from cdclake.tables import (
     GHOST_TABLES,
@@ -247,18 +248,7 @@ def _property_text(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) else value
 
 
-RETYPE_TARGETS: Final = (
-    "boolean",
-    "tinyint",
-    "smallint",
-    "int",
-    "bigint",
-    "float",
-    "double",
-    "string",
-    "date",
-    "timestamp_ntz",
-)
+RETYPE_TARGETS: Final = tuple(sorted(model.SIMPLE_SPARK_TYPES - {"binary", "timestamp"}))
 """The types ``column_types`` may give a column (and ``decimal(p,s)``): those whose canonical text (cdclake.model) is
 the value's plain text. ``timestamp`` (epoch microseconds) and ``binary`` (base64) are not among them: a column's
 text would not be that."""
@@ -285,11 +275,13 @@ def retype_target(column: str, spark_type: str) -> str:
     spelled = _RETYPE_ALIASES.get(spelled, spelled)
     if spelled in RETYPE_TARGETS:
         return spelled
-    if (match := _RETYPE_DECIMAL.fullmatch(spelled)) and 0 <= int(match[2]) <= int(match[1]) <= 38 and int(match[1]):
-        return f"decimal({int(match[1])},{int(match[2])})"
+    if (match := _RETYPE_DECIMAL.fullmatch(spelled)) and int(match[1]) > 0:
+        decimal = f"decimal({int(match[1])},{int(match[2])})"
+        if model.is_supported_spark_type(decimal):
+            return decimal
     raise ValueError(
         f"column {column}: '{spark_type}' is not a type column_types can give; use one of "
-        f"{', '.join(RETYPE_TARGETS[:-3])}, decimal(p,s) with 1 <= p <= 38 and s <= p, {', '.join(RETYPE_TARGETS[-3:])}"
+        f"{', '.join(RETYPE_TARGETS)} or decimal(p,s) with 1 <= p <= 38 and s <= p"
     )
 
 
