@@ -147,3 +147,36 @@ def test_a_dry_run_names_the_bare_decimals_that_would_land_as_text_and_the_setti
     untyped = CliRunner().invoke(cli_main.app, args)
     assert untyped.exit_code == 0, untyped.output  # every message decodes: the decimals stay text
     assert "crm.orders: amount (decimal) would land as text" in untyped.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("batch_lines", [100, 1], ids=["one-batch", "one-per-batch"])
+def test_a_retyped_decimal_key_is_one_row_key_however_the_messages_spell_it(
+    spark, tmp_path: Path, batch_lines: int
+) -> None:
+    """A bare decimal key retyped to decimal(10,2): `1.5`, `1.50` and `1.500` are one value, so one row. As text they
+    were three row keys; in one batch, two of them matched the one lake row in the MERGE."""
+    types = {"code": "decimal", "note": "varchar"}
+
+    def row(code: str, note: str) -> dict[str, str]:
+        return {"code": code, "note": note}
+
+    lines = [
+        row_message("INSERT", "prices", [row("1.5", "a"), row("2", "b")], types, keys=["code"]),
+        row_message("UPDATE", "prices", [row("1.50", "a2")], types, old=[row("1.5", "a")], keys=["code"]),
+        row_message("UPDATE", "prices", [row("1.500", "a3")], types, old=[row("1.50", "a2")], keys=["code"]),
+        row_message("DELETE", "prices", [row("2.00", "b")], types, keys=["code"]),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    results = replay(
+        spark,
+        lake=lake,
+        format_name="dts-canal-json",
+        paths=[str(capture)],
+        batch_lines=batch_lines,
+        column_types={"crm.prices": {"code": "decimal(10,2)"}},
+    )
+    assert sum(r.dead_letters for r in results) == 0
+    assert read_table(f"{lake}/crm/prices") == [{"code": Decimal("1.50"), "note": "a3"}]

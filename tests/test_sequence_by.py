@@ -3,12 +3,20 @@ so without it the Kafka order decides)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
+from cdclake.apply import sequence_key
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
+from cdclake.spark import local_frame
 from tests.test_ddl import row_message
 
 pytestmark = pytest.mark.spark
@@ -67,3 +75,101 @@ def test_a_column_named_for_a_table_that_it_does_not_have_makes_dead_letters(spa
     reasons = {r["reason"] for r in read_table(f"{lake}/_cdclake/dead_letters")}
     assert reasons == {"sequence_by column Versoin is not a column of crm.t: fix the `sequence_by` setting"}
     assert read_table(f"{lake}/crm/u") == [{"id": 1, "version": 10, "v": "first"}]
+
+
+def _decimal_texts(rng: random.Random) -> list[str]:
+    """Decimal and double spellings: signs, leading and trailing zeros, exponents, long digit strings, and values
+    that are prefixes of each other's digits (1.5, 1.51, 15, 150)."""
+    fixed = ["0", "-0.0", "0.000", "1.5", "1.51", "15", "150", "-1.5", "-1.51", "-15", "9", "10", "-9", "-10"]
+    fixed += ["1.0E10", "1.5e-7", "-2.5E+3", "0.001", "1E-3", "99999999999999999999", "18446744073709551615"]
+    fixed += ["12345678901234567890123456789012345678", "-0.00000000000000000000000000000000000001", "NaN"]
+    fixed += ["Infinity", "-Infinity", "1.7976931348623157E308", "4.9E-324", "-4.9E-324"]
+    drawn = []
+    for _ in range(200):
+        integer = str(rng.randrange(10 ** rng.randrange(1, 20)))
+        fraction = str(rng.randrange(10 ** rng.randrange(0, 12))).zfill(rng.randrange(0, 4))
+        exponent = rng.choice(["", "", f"E{rng.randrange(-30, 30)}", f"e+{rng.randrange(0, 9)}"])
+        sign = rng.choice(["", "-"])
+        drawn.append(f"{sign}{'0' * rng.randrange(0, 3)}{integer}{'.' + fraction if fraction else ''}{exponent}")
+    return fixed + drawn
+
+
+def _texts(rng: random.Random) -> list[str]:
+    """Strings that are prefixes of each other, with U+0000, U+0001, the separator ``|``, spaces and characters
+    beyond the BMP."""
+    fixed = ["", "a", "ab", "a|", "a\x00", "a\x01", "a\x00b", "a\x01b", "a b", "v1", "v10", "v9", "é", "\U0001f600"]
+    alphabet = "ab|\x00\x01 ~é\U0001f600"
+    return fixed + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 6))) for _ in range(150)]
+
+
+def _wall_clocks(rng: random.Random) -> list[str]:
+    """``timestamp_ntz`` canonical text: the fraction has as many digits as it needs, or none."""
+    drawn = []
+    for _ in range(150):
+        moment = datetime(2024, 1, 1) + timedelta(seconds=rng.randrange(3), microseconds=rng.randrange(1_000_000))
+        text = moment.isoformat(sep=" ")
+        drawn.append(text.rstrip("0") if "." in text else text)  # Spark casts drop the fraction's trailing zeros
+    return ["2024-01-01 00:00:00", "2024-01-01 00:00:00.5", "2024-01-01 00:00:00.000001", *drawn]
+
+
+def _python_order(spark_type: str) -> Callable[[str], Any]:
+    if spark_type == "double" or spark_type.startswith("decimal("):
+        return lambda text: (1, Decimal(0)) if text == "NaN" else (0, Decimal(text))  # Spark: NaN above all
+    if spark_type == "timestamp_ntz":
+        return datetime.fromisoformat
+    if spark_type == "bigint":
+        return int
+    return lambda text: text  # code point order, which is UTF-8 byte order
+
+
+@pytest.mark.parametrize(
+    ("spark_type", "values"),
+    [
+        ("decimal(38,10)", _decimal_texts),
+        ("double", _decimal_texts),
+        ("string", _texts),
+        ("timestamp_ntz", _wall_clocks),
+        ("bigint", lambda rng: [str(rng.randrange(-(2**63), 2**63)) for _ in range(100)] + ["9", "10", "-9", "-10"]),
+    ],
+)
+def test_sequence_keys_sort_as_their_values_and_the_appended_position_only_breaks_ties(
+    spark, spark_type: str, values: Callable[[random.Random], list[str]]
+) -> None:
+    """Every value twice, with two positions after it: sorted by key and position as Spark sorts the text, the rows
+    come in the order of the values (Python's Decimal, datetime, int, str as the reference), then the positions."""
+    drawn = values(random.Random(7))
+    rows = [(text, position) for text in drawn for position in ("1", "2")]
+    frame = local_frame(spark, rows, "value string, position string").withColumn(
+        "order", F.concat(sequence_key(F.col("value"), F.lit(spark_type)), F.lit("|"), F.col("position"))
+    )
+    assert frame.where(F.col("order").isNull()).count() == 0
+    got = [(row["value"], row["position"]) for row in frame.orderBy("order").collect()]
+    value_order = _python_order(spark_type)
+    expected = sorted(rows, key=lambda row: (value_order(row[0]), row[1]))
+    # equal values spelt otherwise (1.5 and 1.50) may come in either spelling's order: compare what the order says
+    assert [(value_order(v), p) for v, p in got] == [(value_order(v), p) for v, p in expected]
+
+
+def test_sequence_by_orders_decimal_and_wall_clock_columns_by_value(spark, tmp_path: Path) -> None:
+    """A MySQL BIGINT UNSIGNED version is decimal(20,0) and a DATETIME(3) is timestamp_ntz: as text, version 9
+    sorted after 10 and 10:00:00 after 10:00:00.5, so the older change won."""
+    types = {"id": "bigint(20)", "version": "bigint(20) unsigned", "at": "datetime(3)", "v": "varchar(8)"}
+    lines = [
+        row_message("INSERT", "t", [{"id": "1", "version": "10", "at": "2024-01-01 10:00:00", "v": "new"}], types),
+        row_message("INSERT", "t", [{"id": "1", "version": "9", "at": "2024-01-01 10:00:00.5", "v": "old"}], types),
+        row_message("INSERT", "u", [{"id": "1", "version": "10", "at": "2024-01-01 10:00:00.5", "v": "new"}], types),
+        row_message("INSERT", "u", [{"id": "1", "version": "9", "at": "2024-01-01 10:00:00", "v": "old"}], types),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    replay(
+        spark,
+        lake=lake,
+        format_name="canal-json",
+        paths=[str(capture)],
+        batch_lines=1,
+        sequence_by={"crm.t": "version", "crm.u": "at"},
+    )
+    for table in ("t", "u"):
+        assert [row["v"] for row in read_table(f"{lake}/crm/{table}")] == ["new"], table

@@ -167,7 +167,47 @@ def retyped(events: DataFrame, column_types: Mapping[str, Mapping[str, str]]) ->
         )
 
     error = F.coalesce(F.col(model.ERROR), first_misfit(model.AFTER), first_misfit(model.BEFORE))
-    return staged.select(*(error.alias(c) if c == model.ERROR else F.col(c) for c in events.columns))
+    checked = [error.alias(c) if c == model.ERROR else F.col(c) for c in events.columns]
+    scales = sorted({s for _, columns in entries for _, t in columns if (s := model.decimal_scale(t)) is not None})
+    if not scales:
+        return staged.select(*checked)
+    column_scales = F.map_from_entries(
+        F.transform(
+            F.filter(retyped_list, lambda c: c["spark_type"].startswith("decimal(")),
+            lambda c: F.struct(c["name"], model.decimal_parameters(c["spark_type"])[1]),
+        )
+    )
+    staged = staged.select(*checked, column_scales.alias(_DECIMAL_SCALES))
+    respelt = {image: _decimals_respelt(F.col(image), scales).alias(image) for image in (model.AFTER, model.BEFORE)}
+    return staged.select(*(respelt.get(c, F.col(c)) for c in events.columns))
+
+
+_DECIMAL_SCALES: Final = "_cdc_decimal_scales"
+
+
+def _decimals_respelt(image: Column, scales_configured: Sequence[int]) -> Column:
+    """The image with each value of a column that ``column_types`` made a decimal in its canonical text, ``1.50`` for
+    ``1.5`` and ``1.500`` in ``decimal(12,2)``, as a format that declares the type sends it. A key column's text is
+    the row key (:func:`key_of`): two spellings of one value were two keys of one row, two source rows matching one
+    lake row in the MERGE. Only the retyped columns of valid events are touched, and their values already fit the
+    type exactly, so the cast to ``decimal(38, scale)`` changes the spelling only (one branch per scale that
+    ``scales_configured`` holds)."""
+    scales = F.col(_DECIMAL_SCALES)
+
+    def respelt(value: Column, scale: Column) -> Column:
+        spelt: Column | None = None
+        for digits in scales_configured:
+            text = value.try_cast(f"decimal(38,{digits})").cast("string")
+            spelt = F.when(scale == digits, text) if spelt is None else spelt.when(scale == digits, text)
+        assert spelt is not None
+        return F.coalesce(spelt, value)
+
+    return F.when(
+        (F.size(scales) > 0) & F.col(model.ERROR).isNull() & image.isNotNull(),
+        F.transform_values(
+            image, lambda name, value: F.when(scales[name].isNull(), value).otherwise(respelt(value, scales[name]))
+        ),
+    ).otherwise(image)
 
 
 @functools.cache
@@ -185,8 +225,8 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
 
     The column's value is taken from the after image (the before image for deletes), by its name in any case: the
     messages of a table may spell it otherwise than the setting or than each other (the lake keeps one column).
-    Integer and timestamp columns compare numerically (shifted by 10^20 and zero-padded, so negative values sort
-    too), other types as text; an event whose value is NULL sorts before every event with a value.
+    An event whose value is NULL sorts before every event with a value. The value becomes text whose order is the
+    value's (:func:`sequence_key`), then ``|`` and the position.
     """
     if not sequence_by:
         return events
@@ -196,14 +236,89 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
     value = F.element_at(F.transform_keys(image, lambda k, _v: F.lower(k)), column)
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: F.lower(c["name"]) == column), 0)["spark_type"]
-    shift = F.lit(str(10**20)).cast("decimal(38,0)")  # Py4J cannot pass a Python int beyond 64 bits
-    numeric = F.lpad((value.try_cast("decimal(38,0)") + shift).cast("string"), 24, "0")
-    text = F.when(declared.isin(*_INTEGRAL_TYPES), numeric).otherwise(value)
+    key = sequence_key(value, declared)
     base = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
     return events.withColumn(
-        model.POSITION, F.when(rows, F.concat(F.coalesce(text, F.lit("")), F.lit("|"), base)).otherwise(base)
+        model.POSITION, F.when(rows, F.concat(F.coalesce(key, F.lit("")), F.lit("|"), base)).otherwise(base)
     ).drop(_SEQUENCE_COLUMN)
+
+
+def sequence_key(value: Column, spark_type: Column) -> Column:
+    """Text whose order (Spark's, by UTF-8 bytes) is the order of the canonical ``value`` of ``spark_type``, and of
+    which no key is a prefix of another, so that text appended after it (``sequenced``: ``|`` and the position)
+    only breaks ties. Null for NULL.
+
+    * Integers and timestamps (microseconds): shifted by 10^20 and zero-padded to 24 digits, so negative values
+      sort too.
+    * Decimals, floats and doubles: :func:`_number_key`. As text, ``9`` sorted after ``10`` (a MySQL ``BIGINT
+      UNSIGNED`` version column is ``decimal(20,0)``) and ``-2`` after ``-1``.
+    * ``timestamp_ntz``: its text with the fraction padded to six digits. ``10:00:00`` sorted after ``10:00:00.5``,
+      because the ``|`` that follows it is above ``.``.
+    * Dates: their text (``yyyy-MM-dd``, one width).
+    * Anything else (strings, booleans, base64 binaries): :func:`_text_key`, their code point order.
+    """
+    shift = F.lit(str(10**20)).cast("decimal(38,0)")  # Py4J cannot pass a Python int beyond 64 bits
+    integral = F.lpad((value.try_cast("decimal(38,0)") + shift).cast("string"), 24, "0")
+    wall_clock = F.rpad(F.when(value.contains("."), value).otherwise(F.concat(value, F.lit("."))), 26, "0")
+    return (
+        F.when(spark_type.isin(*_INTEGRAL_TYPES), integral)
+        .when(spark_type.isin("double", "float") | spark_type.startswith("decimal("), _number_key(value))
+        .when(spark_type == "timestamp_ntz", wall_clock)
+        .when(spark_type == "date", value)
+        .otherwise(_text_key(value))
+    )
+
+
+_EXPONENT_OFFSET: Final = 10**10
+"""Added to a number's decimal exponent so that it is positive and 11 digits wide for any exponent that decimal text
+can spell (``model.decimal_text_fits`` allows 9 exponent digits; doubles span 10^-324 to 10^308)."""
+
+
+def _number_key(text: Column) -> Column:
+    """Sortable text of a decimal or floating-point value (``-12.50``, ``1.5E-7``, ``NaN``, ``-Infinity``), exact at
+    any precision and exponent, as ``value * 10^k`` casts are not: ``/`` for -Infinity; ``0``, then the complemented
+    exponent and digits, then ``~`` for a negative number; ``1`` for zero (``-0.0`` too); ``2``, the exponent and the
+    significant digits, then ``!`` for a positive number; ``3`` for Infinity; ``4`` for NaN (Spark's own order).
+
+    The digits, without leading and trailing zeros, are ``0.d1d2...`` times 10 to the exponent, so a larger exponent
+    is a larger magnitude and, at equal exponents, the digits compare as text (``15!`` before ``151!``: ``!`` is below
+    every digit). A negative number complements both (``9 - d``) and ends with ``~``, above every digit, so that its
+    order is reversed."""
+    double = text.try_cast("double")
+    int_part = F.regexp_extract(text, r"^[+-]?(\d*)", 1)
+    digits = F.concat(int_part, F.regexp_extract(text, r"^[+-]?\d*\.(\d*)", 1))
+    without_leading = F.regexp_replace(digits, r"^0+", "")
+    significant = F.regexp_replace(without_leading, r"0+$", "")
+    exponent = (
+        F.length(int_part)
+        - (F.length(digits) - F.length(without_leading))
+        + F.coalesce(F.regexp_extract(text, r"[eE]([+-]?\d{1,9})$", 1).try_cast("bigint"), F.lit(0))
+    )
+    width = len(str(_EXPONENT_OFFSET)) + 1
+    positive = F.concat(F.lit("2"), F.lpad((exponent + _EXPONENT_OFFSET).cast("string"), width, "0"), significant)
+    negative = F.concat(
+        F.lit("0"),
+        F.lpad((F.lit(_EXPONENT_OFFSET) - exponent).cast("string"), width, "0"),
+        F.translate(significant, "0123456789", "9876543210"),
+    )
+    return (
+        F.when(double.isNull(), F.lit(None).cast("string"))
+        .when(F.isnan(double), F.lit("4"))
+        .when(double == F.lit("Infinity").cast("double"), F.lit("3"))
+        .when(double == F.lit("-Infinity").cast("double"), F.lit("/"))
+        .when(significant == "", F.lit("1"))
+        .when(text.startswith("-"), F.concat(negative, F.lit("~")))
+        .otherwise(F.concat(positive, F.lit("!")))
+    )
+
+
+def _text_key(text: Column) -> Column:
+    """Text in code point order that no other key starts with: the text, then U+0001. Inside it, U+0000 and U+0001
+    become U+0001 followed by U+FFFE or U+FFFF, which sort above the ASCII that follows an ended key and keep
+    their own order."""
+    escaped = F.regexp_replace(F.regexp_replace(text, "\\x01", "\u0001\uffff"), "\\x00", "\u0001\ufffe")
+    return F.concat(escaped, F.lit("\u0001"))
 
 
 def key_of(image: Column, keys: Column) -> Column:

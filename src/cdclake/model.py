@@ -217,6 +217,12 @@ def is_supported_spark_type(spark_type: str) -> bool:
     return match is not None and 0 <= int(match.group(2)) <= int(match.group(1)) <= 38
 
 
+def decimal_scale(spark_type: str) -> int | None:
+    """The scale of a supported ``decimal(p,s)`` type name, on the driver; None for any other name."""
+    match = _DECIMAL.fullmatch(spark_type)
+    return int(match.group(2)) if match is not None and is_supported_spark_type(spark_type) else None
+
+
 def typed_value(text: Column, spark_type: str) -> Column:
     """Converts canonical text to ``spark_type``. Invalid text yields null (see :func:`text_is_valid`).
 
