@@ -109,6 +109,27 @@ def test_a_configured_type_types_the_lake_column_and_a_value_it_cannot_hold_is_a
     stored = {row["id"]: row["amount"] for row in read_table(f"{lake}/crm/orders")}
     assert stored == {1: Decimal("13.10"), 2: Decimal("7.00"), 4: None, 5: Decimal("2.50")}
 
+    # The fix of both 1.005 dead letters: a type that holds them, given to `dlq replay`. The lake column widens.
+    from typer.testing import CliRunner
+
+    from cdclake.cli import main as cli_main
+
+    args = ["dlq", "replay", "--lake", lake, "--table", "crm.orders"]
+    fixed = CliRunner().invoke(cli_main.app, [*args, "--column-type", "crm.orders.amount=decimal(13,3)"])
+    assert fixed.exit_code == 0, fixed.output
+    assert "2 dead letters, 2 applied, 0 failed again" in fixed.output
+    types = {f.name: f.type.type for f in DeltaTable(f"{lake}/crm/orders").schema().fields}
+    assert types["amount"] == "decimal(13,3)"
+    stored = {row["id"]: row["amount"] for row in read_table(f"{lake}/crm/orders")}
+    assert stored == {
+        1: Decimal("13.1"),
+        2: Decimal("7"),
+        3: Decimal("1.005"),
+        4: None,
+        5: Decimal("2.5"),
+        6: Decimal("1.005"),
+    }
+
 
 def test_the_replay_flag_takes_table_column_and_type() -> None:
     assert _parse_column_types(["shop.orders.amount=decimal(12, 2)", "shop.orders.qty=INT", "t.c=date"]) == {

@@ -294,6 +294,7 @@ def replay_dead_letters(
     routes: TableRoutes | None = None,
     online_schema_change: OnlineSchemaChange | None = None,
     pipeline: PipelineSettings | None = None,
+    column_types: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
@@ -302,6 +303,8 @@ def replay_dead_letters(
         keys: key columns per ``db.table`` or ``table``, as the pipeline's ``keys`` (added to ``pipeline``'s). A
             table without configured keys whose messages carry none uses the key columns the lake table was
             created with.
+        column_types: types of columns whose messages carry none, per table (as the pipeline's ``column_types``,
+            added to ``pipeline``'s column by column): the fix of a dead letter whose value did not fit the type.
         format_options: options of the format used (over ``pipeline``'s options of that format); with dead letters
             of several formats, ``format_name`` must say which.
         dry_run: only decode, and report which dead letters would go through and which still fail to decode;
@@ -325,6 +328,10 @@ def replay_dead_letters(
     shared = replace(
         base,
         keys={**base.keys, **{k: list(v) for k, v in (keys or {}).items()}},
+        column_types={
+            table: {**base.column_types.get(table, {}), **(column_types or {}).get(table, {})}
+            for table in {**base.column_types, **(column_types or {})}
+        },
         tables=base.tables if tables is None else tables,
         routes=base.routes if routes is None else routes,
         online_schema_change=base.online_schema_change if online_schema_change is None else online_schema_change,

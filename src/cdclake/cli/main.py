@@ -211,6 +211,14 @@ RouteOption = Annotated[
     ),
 ]
 
+ColumnTypeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Declare a column's type where the messages do not carry it: db.table.column=decimal(12,2) "
+        "(types: README Formats); repeatable."
+    ),
+]
+
 OnlineSchemaChangeOption = Annotated[
     bool,
     typer.Option(
@@ -294,13 +302,7 @@ def replay(
         list[str] | None,
         typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
     ] = None,
-    column_type: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Declare a column's type where the messages do not carry it: db.table.column=decimal(12,2) "
-            "(types: README Formats); repeatable."
-        ),
-    ] = None,
+    column_type: ColumnTypeOption = None,
     partition_by: Annotated[
         list[str] | None,
         typer.Option(
@@ -743,6 +745,7 @@ def dlq_replay(
     option: Annotated[
         list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
     ] = None,
+    column_type: ColumnTypeOption = None,
     include_table: IncludeTableOption = None,
     exclude_table: ExcludeTableOption = None,
     route: RouteOption = None,
@@ -763,6 +766,7 @@ def dlq_replay(
     from cdclake.formats import get_format
 
     key_map = _parse_keys(keys or [])
+    column_type_map = _parse_column_types(column_type or [])
     options = _parse_options(option or [])
     if format_name is not None:
         get_format(format_name)
@@ -774,7 +778,7 @@ def dlq_replay(
         "--table-format": table_format is not None,
         "--iceberg-catalog": iceberg_catalog is not None,
     }
-    lake, cfg = _lake_of(lake, config, settled, adding="--keys, --option and the filters")
+    lake, cfg = _lake_of(lake, config, settled, adding="--keys, --column-type, --option and the filters")
     settings, spark_conf = None, None
     if cfg is not None:
         from cdclake.runner import settings_from_config
@@ -790,6 +794,7 @@ def dlq_replay(
             lake,
             format_name=format_name,
             keys=key_map,
+            column_types=column_type_map,
             format_options=options,
             tables=_table_filter(include_table or [], exclude_table or []) if include_table or exclude_table else None,
             routes=_table_routes(route) if route else None,
