@@ -3,6 +3,7 @@ so without it the Kafka order decides)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -173,3 +174,55 @@ def test_sequence_by_orders_decimal_and_wall_clock_columns_by_value(spark, tmp_p
     )
     for table in ("t", "u"):
         assert [row["v"] for row in read_table(f"{lake}/crm/{table}")] == ["new"], table
+
+
+def _ogg(op: str, pos: int, *, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> str:
+    message: dict[str, Any] = {
+        "table": "SALES.ORDERS",
+        "op_type": op,
+        "op_ts": "2024-03-01 10:15:31.000000",
+        "current_ts": "2024-03-01T10:15:33.126000",
+        "pos": f"{pos:020d}",
+        "primary_keys": ["ID"],
+    }
+    message.update({k: v for k, v in (("before", before), ("after", after)) if v is not None})
+    return json.dumps(message)
+
+
+@pytest.mark.parametrize("batch_lines", [100, 1], ids=["one-batch", "one-per-batch"])
+def test_changes_without_the_sequence_column_take_the_before_image_or_become_dead_letters(
+    spark, tmp_path: Path, batch_lines: int
+) -> None:
+    """OGG's default trail holds an update's key and changed columns only, and a delete's keys (maxwell-ogg.md 2). A
+    change without the column sorted as NULL, before the stored version: the MERGE passed over it, and every delete
+    of the table was lost without a word. An update whose before image has the column takes its value from there
+    (the column did not change); a change that carries it nowhere is a dead letter that says why."""
+    lines = [
+        _ogg("I", 1, after={"ID": 1, "VERSION": 5, "V": "a"}),
+        _ogg("U", 2, before={"ID": 1, "VERSION": 5, "V": "a"}, after={"ID": 1, "V": "b"}),  # GETUPDATEBEFORES
+        _ogg("U", 3, before={"ID": 1}, after={"ID": 1, "V": "c"}),
+        _ogg("I", 4, after={"ID": 2, "VERSION": 1, "V": "x"}),
+        _ogg("D", 5, before={"ID": 2}),
+        _ogg("I", 6, after={"ID": 3, "VERSION": 1, "V": "y"}),
+        _ogg("D", 7, before={"ID": 3, "VERSION": 1, "V": "y"}),  # NOCOMPRESSDELETES
+    ]
+    capture = tmp_path / "ogg.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    replay(
+        spark,
+        lake=lake,
+        format_name="ogg-json",
+        paths=[str(capture)],
+        batch_lines=batch_lines,
+        sequence_by={"SALES.ORDERS": "version"},
+    )
+    assert sorted(read_table(f"{lake}/SALES/ORDERS"), key=lambda row: row["ID"]) == [
+        {"ID": 1, "VERSION": 5, "V": "b"},
+        {"ID": 2, "VERSION": 1, "V": "x"},
+    ]
+    dead = {row["offset"]: row["reason"] for row in read_table(f"{lake}/_cdclake/dead_letters")}
+    assert sorted(dead) == [2, 4]
+    assert all(
+        reason.startswith("the change does not carry the sequence_by column version") for reason in dead.values()
+    )

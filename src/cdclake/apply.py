@@ -223,7 +223,8 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     table name or pattern -> column name, see :class:`cdclake.tables.PerTable`), with the format's position (or
     the Kafka fallback) after it to break ties.
 
-    The column's value is taken from the after image (the before image for deletes), by its name in any case: the
+    The column's value is taken from the after image (the before image for deletes, and for updates whose partial
+    after image lacks it), by its name in any case: the
     messages of a table may spell it otherwise than the setting or than each other (the lake keeps one column).
     An event whose value is NULL sorts before every event with a value. The value becomes text whose order is the
     value's (:func:`sequence_key`), then ``|`` and the position.
@@ -233,8 +234,10 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     # Staged: the column name is read inside a lambda below, which Spark evaluates again for each element.
     events = events.withColumn(_SEQUENCE_COLUMN, _sequence_by_column(tuple(sequence_by.items())))
     column = F.lower(F.col(_SEQUENCE_COLUMN))
-    image = F.coalesce(F.col(model.AFTER), F.col(model.BEFORE))
-    value = F.element_at(F.transform_keys(image, lambda k, _v: F.lower(k)), column)
+    after, before = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
+    # A partial after image without the column left it unchanged: the before image has its value, if any (the
+    # pipeline makes dead letters of the changes that carry it nowhere: pipeline._unordered_change).
+    value = F.when(F.map_contains_key(after, column), after[column]).otherwise(before[column])
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: F.lower(c["name"]) == column), 0)["spark_type"]
     key = sequence_key(value, declared)
     base = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
