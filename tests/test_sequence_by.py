@@ -209,6 +209,18 @@ def test_changes_without_the_sequence_column_take_the_before_image_or_become_dea
     capture = tmp_path / "ogg.jsonl"
     capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     lake = str(tmp_path / "lake")
+    if batch_lines == 100:  # a dry run finds them first, as `cdclake check` does
+        from typer.testing import CliRunner
+
+        from cdclake.cli import main as cli_main
+
+        args = ["replay", "--dry-run", "--lake", lake, "--format", "ogg-json", "--sequence-by", "SALES.ORDERS=version"]
+        dry = CliRunner().invoke(cli_main.app, [*args, str(capture)])
+        assert dry.exit_code == 1, dry.output
+        found = " ".join(dry.output.split())
+        assert (
+            "2 events of SALES.SALES.ORDERS would be dead letters: the change does not carry the sequence_by" in found
+        )
     replay(
         spark,
         lake=lake,

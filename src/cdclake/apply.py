@@ -236,7 +236,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     column = F.lower(F.col(_SEQUENCE_COLUMN))
     after, before = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
     # A partial after image without the column left it unchanged: the before image has its value, if any (the
-    # pipeline makes dead letters of the changes that carry it nowhere: pipeline._unordered_change).
+    # pipeline makes dead letters of the changes that carry it nowhere: unordered_change).
     value = F.when(F.map_contains_key(after, column), after[column]).otherwise(before[column])
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: F.lower(c["name"]) == column), 0)["spark_type"]
     key = sequence_key(value, declared)
@@ -245,6 +245,30 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     return events.withColumn(
         model.POSITION, F.when(rows, F.concat(F.coalesce(key, F.lit("")), F.lit("|"), base)).otherwise(base)
     ).drop(_SEQUENCE_COLUMN)
+
+
+def unordered_change(in_after: Column, in_before: Column) -> Column:
+    """Whether a row event lacks its table's ``sequence_by`` column where :func:`sequenced` reads it, given whether
+    its after and before images have the column (null: no such image): a DELETE whose before image does not have
+    it, or an UPDATE whose partial after image and before image (if any) do not. Its order would be a NULL's, before
+    every stored version, so the MERGE would pass it over as old: an OGG table's every delete by default
+    (maxwell-ogg.md section 2, "Compressed updates/deletes": key columns only). The pipeline makes it a dead letter.
+    An image that is whole and lacks the column says the value is NULL (formats that leave NULL cells out)."""
+    op, after = F.col(model.OP), F.col(model.AFTER)
+    in_after, in_before = F.coalesce(in_after, F.lit(False)), F.coalesce(in_before, F.lit(False))
+    partial = F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))
+    return ((op == Op.DELETE.value) & ~in_before) | (
+        (op == Op.UPDATE.value) & after.isNotNull() & partial & ~in_after & ~in_before
+    )
+
+
+def carries_sequence_column(sequence_by: Mapping[str, str]) -> tuple[Column, Column]:
+    """Whether each event's after and before images have its table's ``sequence_by`` column, in any case, as
+    :func:`sequenced` reads it (null where the image or the setting is; for :func:`unordered_change`)."""
+    column = F.lower(_sequence_by_column(tuple(sequence_by.items())))
+    images = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
+    after, before = (F.map_contains_key(image, column) for image in images)
+    return after, before
 
 
 def sequence_key(value: Column, spark_type: Column) -> Column:

@@ -27,7 +27,13 @@ from pyspark.sql import functions as F
 from cdclake import apply, model
 from cdclake.config import PipelineConfig
 from cdclake.constraints import violation_reason
-from cdclake.pipeline import Pipeline, PipelineSettings, sequence_by_problem, unknown_keys_problem
+from cdclake.pipeline import (
+    Pipeline,
+    PipelineSettings,
+    sequence_by_problem,
+    unknown_keys_problem,
+    unordered_change_problem,
+)
 from cdclake.runner import committed_offsets, settings_from_config
 from cdclake.sinks.delta import DeltaSink
 from cdclake.sinks.partitioning import described, missing_columns
@@ -62,6 +68,9 @@ class TableFinding:
             that the messages do not carry (it would be created without them); None when it would not.
         null_keys: sampled row events with no value in a key column (they would be dead letters: rows with a NULL
             key cannot be told apart).
+        unordered_changes: sampled row events that carry the table's ``sequence_by`` column in no image (they would
+            be dead letters, :func:`cdclake.apply.unordered_change`: an OGG trail's compressed deletes and updates),
+            and the reason their dead letters would give.
         untyped_decimals: columns the messages declare as a bare ``decimal``/``numeric``/``number`` (no precision and
             scale: DTS Canal JSON, DRS JSON) and that therefore land as exact text in a ``string`` column, as
             ``column (vendor type)``; ``column_types`` would type them.
@@ -81,6 +90,8 @@ class TableFinding:
     properties_to_set: dict[str, str] = field(default_factory=dict)
     partitioning_note: str | None = None
     null_keys: int = 0
+    unordered_changes: int = 0
+    unordered_problem: str | None = None
     untyped_decimals: list[str] = field(default_factory=list)
 
     @property
@@ -131,10 +142,18 @@ class CheckReport:
         return sum(table.null_keys for table in self.tables if table.lands == "yes")
 
     @property
+    def unordered_changes(self) -> int:
+        """Sampled row events of landing tables that lack their ``sequence_by`` value
+        (``TableFinding.unordered_changes``)."""
+        return sum(table.unordered_changes for table in self.tables if table.lands == "yes")
+
+    @property
     def ok(self) -> bool:
         """No sampled message would be a dead letter: each decodes, its table's settings fit it, its key has values,
-        and each row meets its lake table's CHECK constraints (an empty sample is no failure)."""
-        return self.failed == 0 and self.unmet == 0 and self.refused_by_settings == 0 and self.null_keys == 0
+        its ``sequence_by`` column is in it, and each row meets its lake table's CHECK constraints (an empty sample
+        is no failure)."""
+        refused = self.refused_by_settings + self.null_keys + self.unordered_changes
+        return self.failed == 0 and self.unmet == 0 and refused == 0
 
 
 def check_pipeline(
@@ -209,6 +228,11 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         F.when(is_row, apply.identifying_image()).alias("_identifying"),
     )
     null_key = apply.lacks_key_value(F.col("_keys"), F.col("_identifying"))
+    unordered_event = (
+        apply.unordered_change(*apply.carries_sequence_column(settings.sequence_by))
+        if settings.sequence_by
+        else F.lit(False)
+    )
     table = (model.DATABASE, model.SCHEMA, model.TABLE)
     # Aggregates whose size is the tables' and their columns', not the events' (a dry run reads a whole backfill).
     per_table = (
@@ -216,6 +240,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         .agg(
             F.max(F.when(F.size(model.KEY_COLUMNS) > 0, F.col(model.KEY_COLUMNS))).alias("keys"),
             F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
+            F.sum(F.when(unordered_event, 1).otherwise(0)).alias("unordered_changes"),
         )
         .orderBy(*table)
         .collect()
@@ -268,6 +293,11 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         unordered = sequence_by_problem(settings.sequence_by, ident, columns) if lands == "yes" else None
         if key_problem is not None:  # its events are dead letters whatever sequence_by says
             unordered = None
+        # A table without the column (a pattern's) keeps the format's order, as in a run.
+        ordering = PerTable.of(settings.sequence_by).entry_for(*ident)
+        has_column = ordering is not None and ordering[1].lower() in {c.lower() for c in columns}
+        ordered = lands == "yes" and key_problem is None and has_column
+        unordered_changes = int(row["unordered_changes"] or 0) if ordered else 0
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),
@@ -287,6 +317,10 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
                 # Events a missing key column already refuses are counted there (setting_problem).
                 null_keys=0 if key_problem is not None else int(row["null_keys"] or 0),
+                unordered_changes=unordered_changes,
+                unordered_problem=unordered_change_problem(ordering[1], ident)
+                if ordering and unordered_changes
+                else None,
                 untyped_decimals=untyped.get(ident, []) if lands == "yes" else [],
             )
         )

@@ -1053,14 +1053,10 @@ class Pipeline:
                 continue
             ordering = PerTable.of(self.settings.sequence_by).entry_for(*ident)
             if ordering is not None and ordering[1].lower() in stored:  # a pattern's table may not have it
-                unordered = _unordered_change(stored[ordering[1].lower()][0])
-                unordered_reason = (
-                    f"the change does not carry the sequence_by column {ordering[1]} of {_table_name(ident)} (a "
-                    "partial image: an OGG compressed update or delete, a document update...), so it cannot be "
-                    "ordered by it; have the source send full images (OGG: NOCOMPRESSUPDATES, NOCOMPRESSDELETES, "
-                    "GETUPDATEBEFORES) or leave the table to the format's position"
-                )
-                lost = this_table & unordered
+                lake_name = F.lit(stored[ordering[1].lower()][0])  # the images hold the lake's spelling
+                carried = (F.map_contains_key(F.col(image), lake_name) for image in (model.AFTER, model.BEFORE))
+                unordered_reason = unordered_change_problem(ordering[1], ident)
+                lost = this_table & apply.unordered_change(*carried)
                 reason = F.when(lost, unordered_reason) if reason is None else reason.when(lost, unordered_reason)
             differing = [
                 (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
@@ -1614,18 +1610,14 @@ def unknown_keys_problem(
     )
 
 
-def _unordered_change(column: str) -> Column:
-    """Whether a row event lacks ``column`` (its name in the images) where :func:`cdclake.apply.sequenced` reads it:
-    a DELETE whose before image does not have it, or an UPDATE whose partial after image and before image (if any)
-    do not. Its order would be a NULL's, before every stored version, so the MERGE would pass it over as old: an OGG
-    table's every delete by default (maxwell-ogg.md section 2, "Compressed updates/deletes": key columns only).
-    An image that is whole and lacks the column says the value is NULL (formats that leave NULL cells out)."""
-    after, before, op = F.col(model.AFTER), F.col(model.BEFORE), F.col(model.OP)
-    in_before = F.coalesce(F.map_contains_key(before, column), F.lit(False))
-    in_after = F.coalesce(F.map_contains_key(after, column), F.lit(False))
-    partial = F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))
-    return ((op == Op.DELETE.value) & ~in_before) | (
-        (op == Op.UPDATE.value) & after.isNotNull() & partial & ~in_after & ~in_before
+def unordered_change_problem(column: str, ident: tuple[str | None, str | None, str]) -> str:
+    """The reason of a row event that carries its table's ``sequence_by`` column in no image
+    (:func:`cdclake.apply.unordered_change`)."""
+    return (
+        f"the change does not carry the sequence_by column {column} of {_table_name(ident)} (a partial image: an OGG "
+        "compressed update or delete, a document update...), so it cannot be ordered by it; have the source send "
+        "full images (OGG: NOCOMPRESSUPDATES, NOCOMPRESSDELETES, GETUPDATEBEFORES) or leave the table to the "
+        "format's position"
     )
 
 

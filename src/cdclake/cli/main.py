@@ -521,7 +521,8 @@ def check(
 
 def _print_findings(report: CheckReport) -> None:
     """What `check` and `replay --dry-run` found in the messages they decoded; exits 1 if one would be a dead letter
-    (it does not decode, a setting refuses it, its key is NULL, or its row does not meet a CHECK constraint)."""
+    (it does not decode, a setting refuses it, its key is NULL, it lacks its `sequence_by` value, or its row does not
+    meet a CHECK constraint)."""
     if report.tables:
         tables = Table("source table", "events", "lands", "lake table", "key columns", "new columns")
         for found in report.tables:
@@ -558,6 +559,10 @@ def _print_findings(report: CheckReport) -> None:
                 f"{found.null_keys} events of {found.name} would be dead letters: a key column "
                 f"({', '.join(found.key_columns)}) is NULL in their row, and rows with a NULL key cannot be told apart "
                 "(set `keys` for the table to columns that are never NULL)"
+            )
+        if found.unordered_changes and found.lands == "yes":
+            out.print(
+                f"{found.unordered_changes} events of {found.name} would be dead letters: {found.unordered_problem}"
             )
         for constraint, count in found.unmet_constraints.items():
             out.print(
