@@ -125,6 +125,7 @@ _LONG_FILES = (
     "tests/e2e/test_routes.py",  # 78
     "tests/e2e/test_stream.py",  # 76
     "tests/formats/test_lambda_invariants.py",  # 76
+    "tests/formats/test_mutations.py",  # 70-80 alone (17 formats, one batch of mutated messages each)
     "tests/e2e/test_format_replay.py",  # 74
     "tests/devtools/test_broker.py",  # 68
     "tests/e2e/test_property_streams.py",  # 67

@@ -416,9 +416,13 @@ def image_stages(
 # Built once per process and reused by every batch (no Column argument: see cdclake.formats.base's module doc).
 @functools.cache
 def _field_index() -> Column:
-    """``_info``: the staged ``_fields`` by column name."""
+    """``_info``: the staged ``_fields`` by column name; null when a name is null or repeated (a Connect schema with
+    such a field: the shared checks make the message a dead letter for its column names), where ``map_from_arrays``
+    would fail the whole batch (``NULL_MAP_KEY``, ``DUPLICATED_MAP_KEY``)."""
     fields = F.col("_fields")
-    return F.map_from_arrays(fields["field"], fields).alias("_info")
+    names = fields["field"]
+    usable = F.size(F.array_distinct(F.array_compact(names))) == F.size(names)
+    return F.when(usable, F.map_from_arrays(names, fields)).alias("_info")
 
 
 @functools.cache
@@ -476,7 +480,8 @@ def type_nulls_in_batch(events: DataFrame, changed_only: Column) -> DataFrame:
         events.select(
             key.alias("_table_key"),
             F.struct(F.col(model.PARTITION), F.col(model.OFFSET)).alias("_at"),
-            F.explode(F.filter(columns, lambda c: ~is_null_valued(c))).alias("_c"),
+            # A dead letter's columns may have a null name (a Connect field without one): never a map key.
+            F.explode(F.filter(columns, lambda c: ~is_null_valued(c) & c["name"].isNotNull())).alias("_c"),
         )
         .groupBy("_table_key", F.col("_c")["name"].alias("_column"))
         .agg(F.max_by(F.col("_c"), F.col("_at")).alias("_declared"))

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdclake import model
 from cdclake.formats import _plans
@@ -276,6 +277,76 @@ EXACT_TEXT_IMAGE: Final = "map<string, string>"
 """The type :func:`exact_text_image` casts a ``MAP<STRING, VARIANT>`` image to."""
 EXACT_TEXT_IMAGES: Final = f"array<{EXACT_TEXT_IMAGE}>"
 """An array of ``MAP<STRING, VARIANT>`` images cast to this is each image's :func:`exact_text_image`."""
+
+
+_EPOCH_LIMITS: Final = {"s": 9_223_372_036_854, "ms": 9_223_372_036_854_775}
+"""The largest whole number of seconds and milliseconds since the epoch whose microseconds fit a long."""
+
+
+def epoch_timestamp(value: Column, unit: str) -> Column:
+    """``timestamp_seconds`` (``unit`` ``s``) or ``timestamp_millis`` (``ms``) of a whole number since the epoch, NULL
+    (as when the message has none) beyond what a Spark timestamp holds (microseconds in a long, about 292,000 years
+    either side of 1970): there both functions fail the whole batch (``long overflow``). Only a corrupt field is that
+    far out; the time of an event is not part of its row."""
+    limit = _EPOCH_LIMITS[unit]
+    convert = F.timestamp_seconds if unit == "s" else F.timestamp_millis
+    return F.when(value.between(-limit, limit), convert(value))
+
+
+DUPLICATE_KEY: Final = "_duplicate_key"
+"""The column :func:`with_unique_keys` adds: where a JSON object read as a MAP repeats a key, else null."""
+
+
+def with_unique_keys(df: DataFrame, parsed: Column, name: str) -> DataFrame:
+    """``df`` plus the parsed JSON message ``parsed`` as column ``name``, null where one of its JSON objects read as a
+    MAP (at any depth of structs and arrays) repeats a key, and :data:`DUPLICATE_KEY`, which says where (null when no
+    object does). Report it as the message's error before anything else (a dead letter).
+
+    RFC 8259 (4) leaves what a repeated name means to the reader. ``from_json`` keeps both entries in the MAP, and the
+    first expression that builds a map from it (``map_concat``, ``map_from_arrays``) failed the whole batch with
+    ``DUPLICATED_MAP_KEY``; a lookup by name finds one entry only where a format counts one per name (Canal's type
+    maps: an index out of bounds, the batch failed too). Nothing below reads such a message's maps.
+    """
+    staged = df.select("*", parsed.alias("_json_read"))
+    read = F.col("_json_read")
+    problem = first_error(*_repeated_keys(read, staged.schema["_json_read"].dataType, ""))
+    staged = staged.select("*", problem.alias(DUPLICATE_KEY))
+    return staged.select(
+        *(F.col(c) for c in df.columns), F.when(F.col(DUPLICATE_KEY).isNull(), read).alias(name), DUPLICATE_KEY
+    )
+
+
+def _repeated_keys(value: Column, data_type: DataType, path: str) -> list[tuple[Column, str]]:
+    """(condition, message) for every MAP in ``value`` of type ``data_type``: whether it repeats a key."""
+
+    def repeats(m: Column) -> Column:
+        return F.size(F.array_distinct(F.map_keys(m))) < F.size(m)
+
+    if isinstance(data_type, MapType):
+        return [(repeats(value), f"a JSON object repeats a key ({path or 'the message'})")]
+    if isinstance(data_type, StructType):
+        return [
+            check
+            for fld in data_type.fields
+            if not fld.name.startswith("_")
+            for check in _repeated_keys(value[fld.name], fld.dataType, f"{path}.{fld.name}" if path else fld.name)
+        ]
+    if isinstance(data_type, ArrayType) and _has_map(data_type.elementType):
+
+        def any_repeats(x: Column) -> Column:
+            conditions = [c for c, _ in _repeated_keys(x, data_type.elementType, path)]
+            return functools.reduce(lambda a, b: a | F.coalesce(b, F.lit(False)), conditions, F.lit(False))
+
+        return [(F.exists(value, any_repeats), f"a JSON object repeats a key ({path}[])")]
+    return []
+
+
+def _has_map(data_type: DataType) -> bool:
+    if isinstance(data_type, MapType):
+        return True
+    if isinstance(data_type, ArrayType):
+        return _has_map(data_type.elementType)
+    return isinstance(data_type, StructType) and any(_has_map(f.dataType) for f in data_type.fields)
 
 
 def with_missing_as_null(row: Column, names: Column) -> Column:

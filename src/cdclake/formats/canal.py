@@ -30,15 +30,18 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import (
+    DUPLICATE_KEY,
     EXACT_TEXT_IMAGES,
     MESSAGE_VALUE,
     CdcFormat,
     DecodeFn,
     FormatOptions,
+    epoch_timestamp,
     finish,
     first_error,
     op_from_code,
     with_missing_as_null,
+    with_unique_keys,
 )
 from cdclake.model import Op
 
@@ -434,7 +437,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         rows = F.when(is_delete, F.coalesce(data, old)).otherwise(data)
     else:
         rows = data
-    parsed = messages.withColumn("_m", msg).select(
+    parsed = with_unique_keys(messages, msg, "_m").select(
         "*", data.alias("_data"), old.alias("_old"), op.alias("_op"), vendor_op.alias("_vendor_op"), rows.alias("_rows")
     )
     exploded = parsed.select("*", F.posexplode_outer("_rows").alias("_pos", "_row"))
@@ -539,7 +542,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         F.when(is_row, image(after)).alias(model.AFTER),
         F.when(is_row, columns).alias(model.COLUMNS),
         position.alias(model.POSITION),
-        F.timestamp_millis(m["es"]).alias(model.EVENT_TIME),
+        epoch_timestamp(m["es"], "ms").alias(model.EVENT_TIME),
         F.nullif(m["gtid"], F.lit("")).alias(model.TXN_ID),
         F.when(op.isin(Op.DDL.value, Op.TRUNCATE.value), m["sql"]).alias(model.DDL),
         F.coalesce(pos, F.lit(0)).alias(model.SUB_INDEX),
@@ -547,6 +550,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     size_data, size_old = F.size(F.coalesce(data, F.array())), F.size(F.coalesce(old, F.array()))
     checks: list[tuple[Column, str | Column]] = [
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong JSON type)"),
         (vendor_op.isNull(), f"missing type: not a {dialect.name} message"),
         (op.isNull(), F.format_string(f"unknown {dialect.name} type '%s'", vendor_op)),

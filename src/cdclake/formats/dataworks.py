@@ -16,7 +16,17 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats import register
-from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
+from cdclake.formats.base import (
+    DUPLICATE_KEY,
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    epoch_timestamp,
+    finish,
+    first_error,
+    op_from_code,
+    with_unique_keys,
+)
 from cdclake.model import Op
 
 NAME: Final = "dataworks-json"
@@ -123,7 +133,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """DataWorks JSON messages -> canonical events (one per message)."""
     del options  # the format has none
     msg = F.from_json(F.col(MESSAGE_VALUE).cast("string"), RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"})
-    parsed = messages.withColumn("_m", msg)
+    parsed = with_unique_keys(messages, msg, "_m")
     m = F.col("_m")
     schema, payload, source = m["schema"], m["payload"], m["schema"]["source"]
     vendor_op = payload["op"]
@@ -181,11 +191,12 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(is_row, _image(payload["after"]["dataColumn"], types, has_row_id, is_oracle)).alias(model.AFTER),
         F.when(is_row, columns).alias(model.COLUMNS),
         position.alias(model.POSITION),
-        F.timestamp_millis(payload["timestamp"]["eventTime"]).alias(model.EVENT_TIME),
+        epoch_timestamp(payload["timestamp"]["eventTime"], "ms").alias(model.EVENT_TIME),
         F.when(op.isin(Op.DDL.value, Op.TRUNCATE.value), payload["ddl"]["text"]).alias(model.DDL),
     )
     error = first_error(
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON"),
         (vendor_op.isNull(), "missing payload.op: not a DataWorks whole-database message"),
         (op.isNull(), F.format_string("unknown DataWorks op '%s'", vendor_op)),

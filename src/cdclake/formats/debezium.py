@@ -58,14 +58,17 @@ from cdclake.formats._json_images import (
     variant_schema_fields,
 )
 from cdclake.formats.base import (
+    DUPLICATE_KEY,
     MESSAGE_KEY,
     MESSAGE_VALUE,
     CdcFormat,
     FormatOptions,
+    epoch_timestamp,
     finish,
     first_error,
     op_from_code,
     with_missing_as_null,
+    with_unique_keys,
 )
 from cdclake.model import Op
 
@@ -221,8 +224,8 @@ def _event_time(source: Column, fallback_ms: Column) -> Column:
     return F.coalesce(
         F.timestamp_micros(source["ts_us"]),
         F.timestamp_micros(div(source["ts_ns"].try_cast("bigint"), 1000)),
-        F.timestamp_millis(source["ts_ms"]),
-        F.timestamp_millis(fallback_ms),
+        epoch_timestamp(source["ts_ms"], "ms"),
+        epoch_timestamp(fallback_ms, "ms"),
     )
 
 
@@ -232,7 +235,7 @@ def parse(messages: DataFrame) -> DataFrame:
     when the message declares no fields: ``_json_images.inferred_kinds``)."""
     options = {"columnNameOfCorruptRecord": "_corrupt_record"}
     text = F.col(MESSAGE_VALUE).cast("string")
-    parsed = messages.withColumn("_typed", F.from_json(text, RAW_SCHEMA, options))
+    parsed = with_unique_keys(messages, F.from_json(text, RAW_SCHEMA, options), "_typed")
     typed = F.col("_typed")
     # A schema the typed parse cannot read (CONNECT_SCHEMA) is read again as a VARIANT, for such messages only; a
     # value that is not JSON is malformed either way.
@@ -242,6 +245,7 @@ def parse(messages: DataFrame) -> DataFrame:
     anything = F.col("_any")
     parsed = parsed.select(
         *messages.columns,
+        DUPLICATE_KEY,
         F.when(anything.isNull(), typed)
         .otherwise(anything.withField("schema", F.lit(None).cast(CONNECT_SCHEMA)))
         .alias("_m"),
@@ -349,8 +353,11 @@ def decode_parsed(
         F.when(is_txn, p["id"]).otherwise(p["transaction"]["id"]).alias(model.TXN_ID),
         F.when(is_ddl, ddl_text).alias(model.DDL),
     )
+    # A JSON value whose objects repeat a key (base.with_unique_keys; debezium-avro's records have none).
+    duplicate_key = F.col(DUPLICATE_KEY) if DUPLICATE_KEY in staged.columns else F.lit(None).cast("string")
     error = first_error(
         *(() if format_error is None else ((format_error.isNotNull(), format_error),)),
+        (duplicate_key.isNotNull(), duplicate_key),
         (~tombstone & (m.isNull() | m["_corrupt_record"].isNotNull()), "malformed JSON (or a field of the wrong kind)"),
         (~tombstone & vendor_op.isNull(), "not a Debezium message: no op, transaction status, ddl or heartbeat ts_ms"),
         (is_data & op.isNull(), F.format_string("unknown Debezium op '%s'", p["op"])),
@@ -433,8 +440,11 @@ def with_row_id(image: Column, is_hbase: Column) -> Column:
     the key is their lower-case hex text in ``model.ROW_ID_COLUMN``, because the Delta sink keeps statistics on key
     columns and Delta has none for binary columns."""
     row_id = F.lower(F.hex(F.try_to_binary(image[HBASE_ROW], F.lit("base64"))))
+    # An image that has a column of that name already is a dead letter (lindorm_decode); map_concat would fail the
+    # whole batch on it (DUPLICATED_MAP_KEY).
     return F.when(
-        is_hbase & image.isNotNull(), F.map_concat(image, F.create_map(F.lit(model.ROW_ID_COLUMN), row_id))
+        is_hbase & image.isNotNull() & ~F.map_contains_key(image, model.ROW_ID_COLUMN),
+        F.map_concat(image, F.create_map(F.lit(model.ROW_ID_COLUMN), row_id)),
     ).otherwise(image)
 
 
@@ -477,7 +487,9 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     before = with_row_id(texts(F.col("_before_pairs")), is_hbase)
     # lindorm-debezium.md "Column deletion": a column missing from `after` (present in `before`, or declared by the
     # schema) was deleted: `after` is a full image, and the missing columns are written as NULL explicitly.
-    declared = F.col("_fields")["field"]  # ROW_ID_COLUMN is always in `after`
+    # ROW_ID_COLUMN is always in `after`. A field without a name (a dead letter for its column names, the shared
+    # checks) is no map key: map_from_arrays failed the whole batch on it (NULL_MAP_KEY).
+    declared = F.array_compact(F.col("_fields")["field"])
     full_after = with_missing_as_null(after, declared)
     decoded = staged.select(
         "*",
@@ -495,14 +507,23 @@ def lindorm_decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(is_row & p["after"].isNotNull(), full_after).alias(model.AFTER),
         F.when(is_row, F.concat(fields_columns(F.col("_fields")), _row_id_columns(is_hbase))).alias(model.COLUMNS),
         # lindorm-debezium.md "Ordering": no sequence field; the Kafka order is the order (position null).
-        F.timestamp_millis(F.coalesce(source["ts_ms"], p["ts_ms"])).alias(model.EVENT_TIME),
+        epoch_timestamp(F.coalesce(source["ts_ms"], p["ts_ms"]), "ms").alias(model.EVENT_TIME),
     )
     error = first_error(
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong kind)"),
         (vendor_op.isNull(), "missing payload.op: not a Lindorm subscription message"),
         (op.isNull(), F.format_string("unknown Lindorm op '%s'", vendor_op)),
         (source["namespace"].isNull(), "missing payload.source.namespace"),
+        (
+            is_hbase
+            & (
+                F.coalesce(F.map_contains_key(p["after"], model.ROW_ID_COLUMN), F.lit(False))
+                | F.coalesce(F.map_contains_key(p["before"], model.ROW_ID_COLUMN), F.lit(False))
+            ),
+            f"HBase row with a column named {model.ROW_ID_COLUMN}, the name of its row key's hex text",
+        ),
         *fields_errors(is_row),
     )
     return finish(decoded, LINDORM_NAME, error)

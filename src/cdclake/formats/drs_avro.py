@@ -36,6 +36,7 @@ from cdclake.formats.base import (
     CdcFormat,
     FormatOptions,
     analysed_with_java_charsets,
+    epoch_timestamp,
     finish,
     first_error,
     op_from_code,
@@ -212,7 +213,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.when(is_row, av.image(after, after_items.isNotNull())).alias(model.AFTER),
         F.when(is_row, columns).alias(model.COLUMNS),
         F.when(decoded_ok, position).alias(model.POSITION),
-        F.when(decoded_ok, F.timestamp_millis(r["updateTimestamp"])).alias(model.EVENT_TIME),
+        F.when(decoded_ok, epoch_timestamp(r["updateTimestamp"], "ms")).alias(model.EVENT_TIME),
         F.when(op == Op.DDL.value, ddl["text"]).alias(model.DDL),
     )
     names = fields["name"]

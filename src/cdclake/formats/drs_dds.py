@@ -41,6 +41,7 @@ from cdclake.formats.base import (
     MESSAGE_VALUE,
     CdcFormat,
     FormatOptions,
+    epoch_timestamp,
     exact_text_image,
     finish,
     first_error,
@@ -203,7 +204,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.coalesce(is_partial, F.lit(False)).alias(model.AFTER_IS_PARTIAL),
         F.when(is_row, columns).alias(model.COLUMNS),
         position.alias(model.POSITION),
-        F.timestamp_millis(m["es"]).alias(model.EVENT_TIME),
+        epoch_timestamp(m["es"], "ms").alias(model.EVENT_TIME),
         F.when(op == Op.DDL.value, m["value"]).alias(model.DDL),
     )
     operator_names = F.coalesce(F.map_keys(operators), F.array().cast("array<string>"))

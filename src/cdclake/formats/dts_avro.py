@@ -42,6 +42,7 @@ from cdclake.formats.base import (
     CdcFormat,
     FormatOptions,
     analysed_with_java_charsets,
+    epoch_timestamp,
     finish,
     first_error,
     op_from_code,
@@ -492,7 +493,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         (is_row & has_absent(after)).alias(model.AFTER_IS_PARTIAL),
         F.when(is_row, columns).alias(model.COLUMNS),
         F.when(decoded_ok, position).alias(model.POSITION),
-        F.when(decoded_ok, F.timestamp_seconds(r["sourceTimestamp"])).alias(model.EVENT_TIME),
+        F.when(decoded_ok, epoch_timestamp(r["sourceTimestamp"], "s")).alias(model.EVENT_TIME),
         F.when(decoded_ok & ~txid.isin("", "0"), txid).alias(model.TXN_ID),
         F.when(is_ddl, r["afterImages"]["member0"]).alias(model.DDL),
     )

@@ -32,7 +32,17 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats._json_images import inferred_image_stages, type_nulls_in_batch
-from cdclake.formats.base import MESSAGE_VALUE, CdcFormat, FormatOptions, finish, first_error, op_from_code
+from cdclake.formats.base import (
+    DUPLICATE_KEY,
+    MESSAGE_VALUE,
+    CdcFormat,
+    FormatOptions,
+    epoch_timestamp,
+    finish,
+    first_error,
+    op_from_code,
+    with_unique_keys,
+)
 from cdclake.model import Op
 
 NAME: Final = "maxwell-json"
@@ -80,8 +90,8 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """Maxwell JSON messages -> canonical events (two for a transaction's last row: the row, then TXN_END)."""
     del options  # the format has none
     text = F.col(MESSAGE_VALUE).cast("string")
-    parsed = messages.select(
-        "*", F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("_m")
+    parsed = with_unique_keys(
+        messages, F.from_json(text, RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"}), "_m"
     )
     m = F.col("_m")
     vendor_op = m["type"]
@@ -98,6 +108,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     is_ddl = op == Op.DDL.value
     error = first_error(
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong kind)"),
         (vendor_op.isNull(), "missing type: not a Maxwell message"),
         (op.isNull(), F.format_string("unknown Maxwell type '%s'", vendor_op)),
@@ -109,7 +120,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
         ),
     )
     # maxwell-ogg.md 1: DML `ts` is in epoch seconds, DDL records' `ts` in milliseconds.
-    event_time = F.when(is_ddl, F.timestamp_millis(m["ts"])).otherwise(F.timestamp_seconds(m["ts"]))
+    event_time = F.when(is_ddl, epoch_timestamp(m["ts"], "ms")).otherwise(epoch_timestamp(m["ts"], "s"))
     # A message that cannot be decoded is one dead letter: its commit flag yields no TXN_END of its own.
     commit = F.coalesce(m["commit"], F.lit(False)) & is_row & F.col("_error").isNull()
     decoded = staged.select("*", error.alias("_error")).select(

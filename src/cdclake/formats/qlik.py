@@ -60,6 +60,7 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import (
+    DUPLICATE_KEY,
     MESSAGE_KEY,
     MESSAGE_VALUE,
     CdcFormat,
@@ -71,6 +72,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    with_unique_keys,
 )
 from cdclake.model import Op
 from cdclake.spark import local_frame
@@ -458,7 +460,9 @@ def mask_bit(mask: Column, ordinal: Column) -> Column:
     """qlik.md 4: whether the bit of 1-based ``ordinal`` is set in the hex ``mask`` (first byte = ordinals 1-8,
     least significant bit first). Bits beyond the mask's length are 0."""
     index = ordinal - 1
-    byte = F.conv(F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2), 16, 10).cast("int")
+    # try_cast: a mask that is not hex is the message's error, but its images are still built; conv reads "-1" as
+    # 2^64 - 1, whose cast to int failed the whole batch (ANSI mode).
+    byte = F.conv(F.substring(mask, (F.floor(index / 8) * 2 + 1).cast("int"), 2), 16, 10).try_cast("int")
     return F.coalesce(F.getbit(byte, (index % 8).cast("int")) == 1, F.lit(False))
 
 
@@ -571,7 +575,7 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
     fallback_db = F.lit(options["database"]) if options.get("database") else F.lit(None).cast("string")
     fallback_table = F.lit(options["table"]) if options.get("table") else F.col("topic")
     msg_table = F.col("_msg_table")
-    parsed = _stage(messages, _m=msg)
+    parsed = with_unique_keys(messages, msg, "_m")
     parsed = _stage(
         parsed,
         _enveloped=enveloped,
@@ -694,6 +698,7 @@ def decode_with_metadata(messages: DataFrame, options: FormatOptions, known: Seq
     hex_mask = r"^([0-9A-Fa-f]{2})*$"
     error = first_error(
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON"),
         (
             F.col("_enveloped") & (F.coalesce(m["magic"], F.lit("")) != MAGIC),

@@ -278,7 +278,11 @@ def _md_records(envelopes: DataFrame, texts: Sequence[str]) -> DataFrame:
     these MD envelopes (see :class:`_BatchInputs`)."""
     e = F.col("_e")
     md = _md_envelopes(envelopes)
-    parts = [md.where(e["messageSchema"].isNull()).withColumn("_definition", F.lit(None).cast("string"))]
+    # An MD whose schema text matches none of ``texts`` has none that decodes it: a text with bytes that are not
+    # UTF-8 comes back from the driver's collect changed (U+FFFD), and such an MD matched no branch below and
+    # disappeared from the batch.
+    unmatched = F.coalesce(~e["messageSchema"].isin(*texts), F.lit(True)) if texts else F.lit(True)
+    parts = [md.where(unmatched).withColumn("_definition", F.lit(None).cast("string"))]
     for text in texts:
         branch = md.where(e["messageSchema"] == F.lit(text))
         try:

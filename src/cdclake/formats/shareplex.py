@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import (
+    DUPLICATE_KEY,
     MESSAGE_VALUE,
     CdcFormat,
     FormatOptions,
@@ -38,6 +39,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    with_unique_keys,
 )
 from cdclake.model import Op
 
@@ -72,7 +74,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     """SharePlex JSON messages -> canonical events (one per message)."""
     del options  # the format has none
     msg = F.from_json(F.col(MESSAGE_VALUE).cast("string"), RAW_SCHEMA, {"columnNameOfCorruptRecord": "_corrupt_record"})
-    parsed = messages.withColumn("_m", msg)
+    parsed = with_unique_keys(messages, msg, "_m")
     m = F.col("_m")
     meta = m["meta"]
     vendor_op = meta["op"]
@@ -152,6 +154,7 @@ def decode(messages: DataFrame, options: FormatOptions) -> DataFrame:
     )
     error = first_error(
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
+        (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong JSON type)"),
         (vendor_op.isNull(), "missing meta.op: not a SharePlex JSON message"),
         (is_row & F.coalesce(table, F.lit("")).eqNullSafe(""), "row event without meta.table"),
