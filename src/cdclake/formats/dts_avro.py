@@ -240,6 +240,28 @@ def _datetime(parts: Column, kind: Column, nanos: Column) -> Column:
     return av.value(text, kind)
 
 
+# Zone offsets as java.time.ZoneId.of reads them, alone or after UTC/GMT/UT, within its +-18:00.
+_ZONE_OFFSET: Final = r"^(?:UTC|GMT|UT)?[+-](?:(?:0?\d|1[0-7])(?::?[0-5]\d){0,2}|18(?::?00){0,2})$"
+
+
+@functools.cache
+def _zone_ids() -> tuple[str, ...]:
+    """The region and short zone IDs the driver's JVM knows (``ZoneId.getAvailableZoneIds``, ``Z``)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    assert session is not None, "decoders are built in a Spark session"
+    jvm = session._jvm  # the JVM's own zone list, which Spark's zone parsing uses
+    assert jvm is not None
+    return ("Z", *sorted(str(zone) for zone in jvm.java.time.ZoneId.getAvailableZoneIds()))
+
+
+def _known_zone(zone: Column) -> Column:
+    """``zone`` where Spark can read it, else NULL: ``make_timestamp`` fails the whole batch on an unknown zone
+    (INVALID_TIMEZONE; its try_ form too), which one corrupt or odd record's ``timezone`` must not do."""
+    return F.when(zone.rlike(_ZONE_OFFSET) | zone.isin(*_zone_ids()), zone)
+
+
 def _timestamp_tz(member: Column, nanos: Column) -> Column:
     parts = member["value"]
     micros = _fraction_micros(parts, nanos)
@@ -251,7 +273,7 @@ def _timestamp_tz(member: Column, nanos: Column) -> Column:
         F.coalesce(parts["hour"], F.lit(0)),
         F.coalesce(parts["minute"], F.lit(0)),
         seconds.cast("decimal(16,6)"),
-        member["timezone"],
+        _known_zone(member["timezone"]),
     )
     return av.value(
         F.unix_micros(instant),
