@@ -294,3 +294,35 @@ def test_snapshot_partitions_follow_the_cores_up_to_the_cap() -> None:
 
     assert [snapshot_partitions(cores) for cores in (0, 1, 2, 4)] == [1, 1, 2, 4]
     assert snapshot_partitions(400) == MAX_SNAPSHOT_PARTITIONS
+
+
+@pytest.mark.spark
+def test_the_embedded_session_reads_avro_within_limits_and_a_pipeline_says_when_a_session_has_none(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Avro allocates what a corrupt length declares (``cdclake.spark.AVRO_LIMITS``; the mutation test's inflated
+    lengths are the dead letters). A session cdclake did not build may lack the limits: a pipeline reading an Avro
+    format says how to start Spark with them, and one reading JSON only says nothing."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from cdclake.spark import AVRO_LIMITS, avro_limit_options, missing_avro_limits
+
+    assert missing_avro_limits(spark) == []
+    system = spark.sparkContext._jvm.java.lang.System
+    assert {name: system.getProperty(name) for name in AVRO_LIMITS} == {k: str(v) for k, v in AVRO_LIMITS.items()}
+
+    name = "org.apache.avro.limits.string.maxLength"
+    try:
+        # Avro reads its limits once, when its first record is read: the property is gone only for this check.
+        system.clearProperty(name)
+        with caplog.at_level("WARNING", logger="cdclake.pipeline"):
+            Pipeline(spark, PipelineSettings(lake=str(tmp_path / "json"), app_id="json", default_format="canal-json"))
+            assert not [r for r in caplog.records if "Avro limits" in r.getMessage()]
+            settings = PipelineSettings(
+                lake=str(tmp_path / "avro"), app_id="avro", default_format="canal-json", topic_formats={"t": "dts-avro"}
+            )
+            Pipeline(spark, settings)
+    finally:
+        system.setProperty(name, str(AVRO_LIMITS[name]))
+    [warning] = [r.getMessage() for r in caplog.records if "Avro limits" in r.getMessage()]
+    assert warning.startswith(f"dts-avro: the driver's JVM has no Avro limits ({name})")
+    assert warning.endswith(avro_limit_options())

@@ -69,8 +69,10 @@ from cdclake.sinks import TableFormat, TableProperties, check_table_properties, 
 from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.spark import (
+    avro_limit_options,
     is_local_checkpoint,
     local_frame,
+    missing_avro_limits,
     pin_jvm_classes,
     release,
     release_stored_inputs,
@@ -355,8 +357,20 @@ class Pipeline:
         if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
             spark.conf.set(SNAPSHOT_PARTITIONS, str(snapshot_partitions(spark.sparkContext.defaultParallelism)))
         pin_jvm_classes(spark)  # for sessions that cdclake.spark.get_session did not make
-        for name in {settings.default_format, *settings.topic_formats.values()} - {None}:
-            get_format(str(name))  # fail fast on unknown names
+        # get_format fails fast on unknown names.
+        formats = [
+            get_format(str(name)) for name in {settings.default_format, *settings.topic_formats.values()} - {None}
+        ]
+        avro = sorted(fmt.name for fmt in formats if fmt.encoding == "binary")
+        if avro and (missing := missing_avro_limits(spark)):
+            log.warning(
+                "%s: the driver's JVM has no Avro limits (%s), so one corrupt length in a message can make it allocate "
+                "gigabytes and fail with OutOfMemoryError. Start Spark with `--driver-java-options` and "
+                "`--conf spark.executor.extraJavaOptions=` set to: %s",
+                ", ".join(avro),
+                ", ".join(missing),
+                avro_limit_options(),
+            )
         # Table definitions sent in their own messages (Qlik MD), by (format, schema id): loaded from the lake's
         # metadata table on first use, then kept up to date by decode (see _known_metadata).
         self._metadata: dict[tuple[str, str], TableMetadata] | None = None

@@ -60,6 +60,30 @@ DELTA_CONF: Final = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+AVRO_LIMITS: Final = {
+    "org.apache.avro.limits.bytes.maxLength": 64 * 2**20,
+    "org.apache.avro.limits.string.maxLength": 64 * 2**20,
+    "org.apache.avro.limits.collectionItems.maxLength": 8 * 2**20,
+}
+"""The largest Avro ``bytes``/``string`` value (64 MiB) and array or map (8,388,608 items) the JVM reads: Avro's own
+limits, read once per JVM from these system properties. Avro allocates what a length or count declares before it
+reads the bytes, and by default takes up to 2**31 - 9: one corrupt length in a 1 KiB message made ``from_avro``
+allocate 900 MB and the driver fail with OutOfMemoryError (a 1g heap; a test JVM died the same way). Over the limit,
+Avro raises an error, which ``from_avro`` in PERMISSIVE mode (every decoder's) turns into NULL, so the message is a
+dead letter. 64 MiB is several times the largest message that managed Kafka services accept."""
+
+
+def avro_limit_options() -> str:
+    """:data:`AVRO_LIMITS` as JVM options (``-Dname=value ...``), for ``spark.{driver,executor}.defaultJavaOptions``."""
+    return " ".join(f"-D{name}={value}" for name, value in AVRO_LIMITS.items())
+
+
+def missing_avro_limits(spark: SparkSession) -> list[str]:
+    """The :data:`AVRO_LIMITS` properties the driver's JVM was started without (a session cdclake did not build)."""
+    system = spark.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
+    return [name for name in AVRO_LIMITS if system.getProperty(name) is None]
+
+
 EMBEDDED_CONF: Final = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -75,7 +99,10 @@ EMBEDDED_CONF: Final = {
     # DataWorks micro-batches of 45 messages, warm, 2 cores: 36-39 s per replay with G1, 31-34 s with this).
     # `defaultJavaOptions` so that a caller's `spark.driver.extraJavaOptions` is added, not replaced; a caller who
     # wants another collector overrides this key (naming two collectors stops the JVM from starting).
-    "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
+    # Avro's limits (AVRO_LIMITS) go with it: a caller's own value of this key must repeat them.
+    "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC " + avro_limit_options(),
+    # Executors of a cluster master given to an embedded session (local mode runs them in the driver's JVM).
+    "spark.executor.defaultJavaOptions": avro_limit_options(),
     "spark.sql.session.timeZone": "UTC",
     # A table's log replay in one task: each MERGE of a small table starts with one (100 tables: -14% batch time).
     "spark.databricks.delta.snapshotPartitions": "1",

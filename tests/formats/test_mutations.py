@@ -386,13 +386,71 @@ def avro_record_mutations(rng: random.Random, layer: AvroLayer, value: bytes) ->
             break
 
 
+def _varint(number: int) -> bytes:
+    """Avro's zig-zag variable-length encoding of a (non-negative) length or count."""
+    zigzag, out = number << 1, bytearray()
+    while zigzag > 0x7F:
+        out.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    return bytes([*out, zigzag])
+
+
+INFLATED_LENGTH: Final = 2_000_000_000
+"""A length or count that Avro would allocate without its limits (``cdclake.spark.AVRO_LIMITS``): 2 GB for a
+string, 8-16 GB of references for an array, in a 4 GB test driver."""
+
+
+def avro_inflated_lengths(rng: random.Random, layer: AvroLayer, value: bytes) -> Iterator[tuple[str, bytes]]:
+    """The record with the length of one of its strings, bytes, arrays or maps declared as 2,000,000,000.
+
+    Where the length is: the record is written again with that value empty; both encodings agree up to it (an empty
+    value's length is the byte 0, a non-empty one's varint never starts with it)."""
+    try:
+        record = fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
+    except Exception:
+        return
+    sized = []
+    for path in _leaves(record):
+        old: Any = record
+        for step in path:
+            old = old[step]
+        if path and isinstance(old, str | bytes | list | dict) and old:
+            sized.append((path, old))
+    for path, old in rng.sample(sized, min(len(sized), 4)):
+        encodings = []
+        for version in (record, _set(record, path, type(old)())):
+            buffer = io.BytesIO()
+            try:
+                fastavro.schemaless_writer(buffer, layer.schema, version)
+            except Exception:  # a record (also a dict) cannot be empty
+                break
+            encodings.append(buffer.getvalue())
+        if len(encodings) < 2:
+            continue
+        full, emptied = encodings
+        at = next(i for i, (a, b) in enumerate(zip(full, emptied, strict=False)) if a != b)
+        length = _varint(len(old.encode() if isinstance(old, str) else old))
+        if full[at : at + len(length)] != length or emptied[at] != 0:
+            continue  # not where a length is (a record's fields)
+        length_end = at + len(length)
+        name = "/".join(map(str, path))
+        yield (
+            f"{name} length {INFLATED_LENGTH:,}",
+            layer.prefix + full[:at] + _varint(INFLATED_LENGTH) + full[length_end:],
+        )
+
+
 def avro_byte_mutations(rng: random.Random, value: bytes, prefix: bytes) -> Iterator[tuple[str, bytes]]:
-    # No flipped bytes inside the record: a flipped length or count can declare gigabytes, which from_avro allocates
-    # (a driver OutOfMemoryError in a long-lived test JVM, which failed every later test of its worker; left for a
-    # fix with Avro's own limits, org.apache.avro.limits.*). Cut, extended and re-framed records stay.
+    # A flipped byte may declare a length or count of up to 2**31; Avro's limits (cdclake.spark.AVRO_LIMITS) keep
+    # from_avro from allocating it.
+    for _ in range(4):
+        at = rng.randrange(len(value))
+        yield f"byte {at} flipped", value[:at] + bytes([value[at] ^ rng.randrange(1, 256)]) + value[at + 1 :]
     for cut in sorted(rng.sample(range(len(value)), min(3, len(value)))):
         yield f"cut at byte {cut}", value[:cut]
     yield "garbage appended", value + b"\x02\xff\x00garbage"
+    yield "first byte 0x01", b"\x01" + value[1:]
+    yield "first byte 0xff", b"\xff" + value[1:]
     yield "doubled", value + value
     if prefix[:1] == b"\x00" and len(prefix) == 5:  # Confluent framing: another schema id
         for schema_id in (0, 8, 99, 2**31 - 1, 2**32 - 1):
@@ -449,6 +507,7 @@ def mutated_messages(fmt: CdcFormat) -> list[Message]:
             mutations += avro_byte_mutations(rng, value, b"" if layer is None else layer.prefix)
             if layer is not None:
                 mutations += avro_record_mutations(rng, layer, value)
+                mutations += avro_inflated_lengths(rng, layer, value)
             if fmt.name == "qlik-avro":
                 mutations += _avro_nested(rng, value)
         else:
