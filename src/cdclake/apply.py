@@ -74,6 +74,19 @@ def effective_order(events: DataFrame) -> Column:
     return F.concat(position, F.when(first_half, F.lit("/0")).otherwise(F.lit("/1")))
 
 
+SEQUENCE_SEPARATOR: Final = "|"
+"""Between the value key and the position in the order of a row change of a ``sequence_by`` table (:func:`sequenced`).
+No position holds it (they are digits, letters and ``~!#:/``); a value key may."""
+
+
+def log_order(order: Column) -> Column:
+    """The part of an ``order`` that places a change in the source's log: the position after the last
+    :data:`SEQUENCE_SEPARATOR` of a ``sequence_by`` row change's order, any other order whole. A TRUNCATE is ordered
+    by its position only, and voids what the log wrote before it, whatever the versions of the rows: its own order
+    compared with a whole ``value|position`` order put a row before or after it by the row's value."""
+    return F.substring_index(order, SEQUENCE_SEPARATOR, -1)
+
+
 _INTEGRAL_TYPES: Final = ("tinyint", "smallint", "int", "bigint", "timestamp")
 _SEQUENCE_COLUMN: Final = "_sequence_by_column"
 
@@ -243,7 +256,8 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     base = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
     return events.withColumn(
-        model.POSITION, F.when(rows, F.concat(F.coalesce(key, F.lit("")), F.lit("|"), base)).otherwise(base)
+        model.POSITION,
+        F.when(rows, F.concat(F.coalesce(key, F.lit("")), F.lit(SEQUENCE_SEPARATOR), base)).otherwise(base),
     ).drop(_SEQUENCE_COLUMN)
 
 
@@ -581,8 +595,9 @@ class TablePlan:
     truncate_order: str | None = None
     """Order of the newest TRUNCATE in the batch, if any."""
     first_order: str | None = None
-    """Order of the oldest row event in the batch, if any: every change the batch applies to the table is ordered at
-    or after it (the tombstone gate reads only the tombstones from there on, ``DeltaSink.gate``)."""
+    """Order of the oldest row event in the batch, if any, or the log part of an order (:func:`log_order`) when that
+    is lower: every change the batch applies to the table is ordered at or after it, and so is the log part of its
+    order (the tombstone gate reads only the tombstones from there on, ``DeltaSink.gate``)."""
     ddl_count: int = 0
     row_events: int = 0
     partial_events: int = 0
@@ -650,7 +665,13 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
             F.max(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("last_order"),
-            F.min(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias("first_order"),
+            # The lowest of the orders and of their log parts: tombstones of keys compare with the one, those of
+            # truncates with the other (DeltaSink.gate).
+            F.min(
+                F.when(
+                    F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.least(F.col(ORDER), log_order(F.col(ORDER)))
+                )
+            ).alias("first_order"),
             F.max_by(F.col("keys"), F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), F.col(ORDER))).alias(
                 "keys"
             ),

@@ -1662,14 +1662,16 @@ def sequence_by_problem(
 
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
-    """``changes`` without those ordered before a TRUNCATE of their table in the same batch: they are void."""
+    """``changes`` without those the log wrote before a TRUNCATE of their table in the same batch: they are void."""
     truncated = [p for p in plans if p.truncate_order]
     if not truncated:
         return changes
     keep: Column = F.lit(True)
     for plan in truncated:
         assert plan.truncate_order is not None
-        keep = keep & ~((F.col(apply.TABLE_ID) == plan.table_id) & (F.col(apply.ORDER) < plan.truncate_order))
+        keep = keep & ~(
+            (F.col(apply.TABLE_ID) == plan.table_id) & (apply.log_order(F.col(apply.ORDER)) < plan.truncate_order)
+        )
     return changes.where(keep)
 
 

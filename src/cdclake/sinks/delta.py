@@ -1099,11 +1099,11 @@ class DeltaSink:
         return _stats_columns(plan.columns, plan.key_columns, partitioning)
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
-        """Deletes every row written before the plan's TRUNCATE."""
+        """Deletes every row the log wrote before the plan's TRUNCATE (:func:`apply.log_order`)."""
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        condition = F.col(POSITION_COLUMN) < F.lit(plan.truncate_order)
+        condition = apply.log_order(F.col(POSITION_COLUMN)) < F.lit(plan.truncate_order)
         with self.idempotent(marker):
             self._committing(path, "DELETE", lambda: self._delete_where(path, condition))
 
@@ -1537,7 +1537,8 @@ class DeltaSink:
         )
 
     def gate(self, folded: DataFrame, lowest_orders: Mapping[str, str | None]) -> DataFrame:
-        """Drops folded changes older than their key's tombstone or their table's truncate.
+        """Drops folded changes older than their key's tombstone or their table's truncate (in the log:
+        :func:`apply.log_order`).
 
         Args:
             folded: the batch's folded changes (``apply.fold``).
@@ -1566,7 +1567,7 @@ class DeltaSink:
             F.broadcast(by_table), [apply.TABLE_ID], "left"
         )
         keep = (F.col("_tomb").isNull() | (F.col(apply.ORDER) >= F.col("_tomb"))) & (
-            F.col("_trunc").isNull() | (F.col(apply.ORDER) > F.col("_trunc"))
+            F.col("_trunc").isNull() | (apply.log_order(F.col(apply.ORDER)) > F.col("_trunc"))
         )
         return joined.where(keep).drop("_tomb", "_trunc")
 

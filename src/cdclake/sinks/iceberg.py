@@ -43,7 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdclake import model
+from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError
 from cdclake.sinks.delta import (
@@ -452,7 +452,9 @@ class IcebergSink(DeltaSink):
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        condition = f"{POSITION_COLUMN} < {sql_string(plan.truncate_order)}"
+        # The log part of each row's order (apply.log_order), in SQL.
+        log_part = f"substring_index({POSITION_COLUMN}, {sql_string(apply.SEQUENCE_SEPARATOR)}, -1)"
+        condition = f"{log_part} < {sql_string(plan.truncate_order)}"
         self._committing_once(path, marker, "DELETE", lambda: self._execute_delete(path, condition))
 
     def _execute_delete(self, path: str, condition: str) -> None:
