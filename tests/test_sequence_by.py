@@ -78,6 +78,19 @@ def test_a_column_named_for_a_table_that_it_does_not_have_makes_dead_letters(spa
     assert reasons == {"sequence_by column Versoin is not a column of crm.t: fix the `sequence_by` setting"}
     assert read_table(f"{lake}/crm/u") == [{"id": 1, "version": 10, "v": "first"}]
 
+    # The fix, without the pipeline's configuration: `cdclake dlq replay --sequence-by crm.t=version`.
+    from typer.testing import CliRunner
+
+    from cdclake.cli import main as cli_main
+
+    fixed = CliRunner().invoke(cli_main.app, ["dlq", "replay", "--lake", lake, "--sequence-by", "crm.t=version"])
+    assert fixed.exit_code == 0, fixed.output
+    assert "4 dead letters, 4 applied, 0 failed again" in " ".join(fixed.output.split())
+    assert sorted(read_table(f"{lake}/crm/t"), key=lambda r: r["id"]) == [
+        {"id": 1, "version": 10, "v": "new"},
+        {"id": 2, "version": -1, "v": "b-old"},
+    ]
+
 
 def _decimal_texts(rng: random.Random) -> list[str]:
     """Decimal and double spellings: signs, leading and trailing zeros, exponents, long digit strings, and values

@@ -295,6 +295,7 @@ def replay_dead_letters(
     online_schema_change: OnlineSchemaChange | None = None,
     pipeline: PipelineSettings | None = None,
     column_types: Mapping[str, Mapping[str, str]] | None = None,
+    sequence_by: Mapping[str, str] | None = None,
 ) -> ReplayReport:
     """Decodes the unresolved dead letters matching ``filters`` again and applies them (see the module doc).
 
@@ -305,6 +306,10 @@ def replay_dead_letters(
             created with.
         column_types: types of columns whose messages carry none, per table (as the pipeline's ``column_types``,
             added to ``pipeline``'s column by column): the fix of a dead letter whose value did not fit the type.
+        sequence_by: the column that orders a table's changes, per table or pattern (as the pipeline's
+            ``sequence_by``, added to ``pipeline``'s): the fix of a dead letter that named a column its table lacks.
+            A table that the pipeline ordered by a column must be replayed with it too, or its replayed changes
+            would be ordered by the log and compared with the stored rows' versions.
         format_options: options of the format used (over ``pipeline``'s options of that format); with dead letters
             of several formats, ``format_name`` must say which.
         dry_run: only decode, and report which dead letters would go through and which still fail to decode;
@@ -328,6 +333,7 @@ def replay_dead_letters(
     shared = replace(
         base,
         keys={**base.keys, **{k: list(v) for k, v in (keys or {}).items()}},
+        sequence_by={**base.sequence_by, **(sequence_by or {})},
         column_types={
             table: {**base.column_types.get(table, {}), **(column_types or {}).get(table, {})}
             for table in {**base.column_types, **(column_types or {})}

@@ -211,6 +211,11 @@ RouteOption = Annotated[
     ),
 ]
 
+SequenceByOption = Annotated[
+    list[str] | None,
+    typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
+]
+
 ColumnTypeOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -298,10 +303,7 @@ def replay(
     option: Annotated[
         list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
     ] = None,
-    sequence_by: Annotated[
-        list[str] | None,
-        typer.Option(help="Order a table's changes by a column instead of the log position: db.table=column."),
-    ] = None,
+    sequence_by: SequenceByOption = None,
     column_type: ColumnTypeOption = None,
     partition_by: Annotated[
         list[str] | None,
@@ -751,6 +753,7 @@ def dlq_replay(
         list[str] | None, typer.Option("--option", help="A format option, name=value (see `cdclake formats`).")
     ] = None,
     column_type: ColumnTypeOption = None,
+    sequence_by: SequenceByOption = None,
     include_table: IncludeTableOption = None,
     exclude_table: ExcludeTableOption = None,
     route: RouteOption = None,
@@ -772,6 +775,7 @@ def dlq_replay(
 
     key_map = _parse_keys(keys or [])
     column_type_map = _parse_column_types(column_type or [])
+    sequence_map = _parse_sequence_by(sequence_by or [])
     options = _parse_options(option or [])
     if format_name is not None:
         get_format(format_name)
@@ -783,7 +787,7 @@ def dlq_replay(
         "--table-format": table_format is not None,
         "--iceberg-catalog": iceberg_catalog is not None,
     }
-    lake, cfg = _lake_of(lake, config, settled, adding="--keys, --column-type, --option and the filters")
+    lake, cfg = _lake_of(lake, config, settled, adding="--keys, --column-type, --sequence-by, --option and the filters")
     settings, spark_conf = None, None
     if cfg is not None:
         from cdclake.runner import settings_from_config
@@ -800,6 +804,7 @@ def dlq_replay(
             format_name=format_name,
             keys=key_map,
             column_types=column_type_map,
+            sequence_by=sequence_map,
             format_options=options,
             tables=_table_filter(include_table or [], exclude_table or []) if include_table or exclude_table else None,
             routes=_table_routes(route) if route else None,
