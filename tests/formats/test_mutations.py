@@ -3,8 +3,9 @@
 The golden cases' valid messages (``tests/cases/<format>``, whose expected events carry no error) are mutated
 deterministically (``random.Random`` seeded per format): JSON messages node by node (a field dropped, set to null,
 renamed, given another JSON kind, a huge number, an empty value, unicode oddities, a duplicate key) and as text (cut
-at a byte, wrapped in an array, other documents); Avro messages as bytes (cut, extended, another magic byte or schema
-id) and as records (fastavro: a value of the same Avro type that a source would hardly send). All of a format's
+at a byte, wrapped in an array, other documents); Avro messages as bytes (flipped, cut, extended, another magic byte
+or schema id) and as records (fastavro: a value of the same Avro type that a source would hardly send, or a string,
+bytes, array or map whose length says 2,000,000,000: ``cdclake.spark.AVRO_LIMITS``). All of a format's
 messages, the originals included, are decoded in one batch, as the pipeline decodes (``decode_batch``).
 
 Per message (by its offset): the decode does not raise, the message yields at least one event, each event keeps the
