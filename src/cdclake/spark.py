@@ -70,7 +70,9 @@ limits, read once per JVM from these system properties. Avro allocates what a le
 reads the bytes, and by default takes up to 2**31 - 9: one corrupt length in a 1 KiB message made ``from_avro``
 allocate 900 MB and the driver fail with OutOfMemoryError (a 1g heap; a test JVM died the same way). Over the limit,
 Avro raises an error, which ``from_avro`` in PERMISSIVE mode (every decoder's) turns into NULL, so the message is a
-dead letter. 64 MiB is several times the largest message that managed Kafka services accept."""
+dead letter. 64 MiB is several times the largest message that managed Kafka services accept. Iceberg's runtime
+shades its Avro, whose limits are other properties (``org.apache.iceberg.shaded.org.apache.avro.limits.*``): its
+manifests are not read under these."""
 
 
 def avro_limit_options() -> str:
