@@ -594,6 +594,10 @@ class TablePlan:
     key_columns: list[str]
     truncate_order: str | None = None
     """Order of the newest TRUNCATE in the batch, if any."""
+    ordered_by_column: bool = False
+    """Whether ``sequence_by`` names a column for the table: its rows are ordered by ``value|position``, and a
+    TRUNCATE compares their log part (:func:`log_order`). Only then, since Delta and Iceberg cannot skip or drop
+    whole files by such a condition (Iceberg then marks every row deleted instead of dropping the files)."""
     first_order: str | None = None
     """Order of the oldest row event in the batch, if any, or the log part of an order (:func:`log_order`) when that
     is lower: every change the batch applies to the table is ordered at or after it, and so is the log part of its
@@ -638,8 +642,13 @@ def lacks_key_value(keys: Column, identifying: Column) -> Column:
     return identifying.isNotNull() & missing
 
 
-def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] | None = None) -> list[TablePlan]:
-    """Summarises, per table, the column lists, keys and truncates of a batch (a handful of rows to the driver)."""
+def plan_tables(
+    events: DataFrame,
+    configured_keys: Mapping[str, Sequence[str]] | None = None,
+    sequence_by: Mapping[str, str] | None = None,
+) -> list[TablePlan]:
+    """Summarises, per table, the column lists, keys and truncates of a batch (a handful of rows to the driver);
+    ``sequence_by`` as the pipeline's (``TablePlan.ordered_by_column``)."""
     op = F.col(model.OP)
     relevant = events.where(op.isin(*(o.value for o in model.ROW_OPS), Op.TRUNCATE.value, Op.DDL.value))
     relevant = relevant.where(F.col(model.TABLE).isNotNull())
@@ -684,6 +693,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         .collect()
     )
     plans: dict[tuple[str | None, str | None, str], TablePlan] = {}
+    ordered = PerTable.of(sequence_by or {})
     # Per table, the columns whose type so far comes only from messages without a value for them: a type declared
     # with a value wins over it (the newest message may carry a NULL typed by a vendor's fallback, e.g. DTS's
     # TEXT/BLOB codes, dts.md 1.7).
@@ -700,6 +710,7 @@ def plan_tables(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
                 table=ident[2],
                 columns=[],
                 key_columns=list(row["keys"] or []),
+                ordered_by_column=ordered.entry_for(*ident) is not None,
             )
             plans[ident] = plan
         known = {name.lower(): index for index, (name, _) in enumerate(plan.columns)}

@@ -384,7 +384,11 @@ def _unmet(
         row = good.agg(*(F.count(reason).alias(f"c{i}") for i, (_, reason) in enumerate(counted))).first()
         assert row is not None
         unmet = {name: row[f"c{i}"] for i, (name, _) in enumerate(counted) if row[f"c{i}"]}
-    plans = [p for p in apply.plan_tables(good, pipeline.settings.keys) if p.table_id == table_id]
+    plans = [
+        p
+        for p in apply.plan_tables(good, pipeline.settings.keys, pipeline.settings.sequence_by)
+        if p.table_id == table_id
+    ]
     if plans and (plans[0].partial_events or unchecked):
         # What a run checks on the rows: the events that meet every constraint on their images.
         fits = good.where(F.coalesce(*(reason for _, reason in counted)).isNull()) if counted else good

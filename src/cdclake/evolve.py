@@ -154,8 +154,11 @@ class SchemaEvolution:
         table_policies: Mapping[str, Policy] | None = None,
         tables: TableFilter | None = None,
         online_schema_change: OnlineSchemaChange | None = None,
+        sequence_by: Mapping[str, str] | None = None,
     ):
         self.sink = sink
+        # Which tables' rows are ordered by a column (TablePlan.ordered_by_column), for the tables a statement clears.
+        self.sequence_by = PerTable.of(dict(sequence_by or {}))
         self.policy = policy
         self.table_policies = PerTable.of(dict(table_policies or {}))
         # The pipeline drops the events of excluded tables; this also leaves out the statements that name only
@@ -538,8 +541,7 @@ class SchemaEvolution:
                     f"drop the constraint (ALTER TABLE ... DROP CONSTRAINT {constraint}), then replay this dead letter"
                 )
 
-    @staticmethod
-    def _plan(table: TableName, order: str | None) -> apply.TablePlan:
+    def _plan(self, table: TableName, order: str | None) -> apply.TablePlan:
         return apply.TablePlan(
             table_id=_table_id(table),
             database=table.database,
@@ -548,6 +550,7 @@ class SchemaEvolution:
             columns=[],
             key_columns=[],
             truncate_order=order,
+            ordered_by_column=self.sequence_by.entry_for(table.database, table.schema, table.table) is not None,
         )
 
     # -------------------------------------------------------------------------------------------------------------

@@ -347,6 +347,7 @@ class Pipeline:
             settings.ddl_table_policies,
             settings.tables,
             settings.online_schema_change,
+            settings.sequence_by,
         )
         # Duplicate keys inside one JSON object keep the last value (as JSON parsers do) instead of failing the
         # whole batch; it is a runtime setting, so it also applies to sessions that spark-submit created.
@@ -724,7 +725,11 @@ class Pipeline:
         """Plan, create/evolve tables, dead-letter misfits, then fold, gate and merge the row changes."""
         with result.timed("plan"):
             # Tables with only DDL events here are created by their statements (cdclake.evolve), not empty.
-            plans = [p for p in apply.plan_tables(good, self.settings.keys) if p.row_events or p.truncate_order]
+            plans = [
+                p
+                for p in apply.plan_tables(good, self.settings.keys, self.settings.sequence_by)
+                if p.row_events or p.truncate_order
+            ]
             table_columns, constraints = self._ensure_tables(plans)
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
@@ -852,7 +857,7 @@ class Pipeline:
         renamed = [c.new_table for c in clearing if c.kind == "rename_table" and c.new_table is not None]
         moved = [rows for name in renamed if (rows := self._moved_rows(statement, name)) is not None]
         events = reduce(DataFrame.unionByName, [*truncates, *moved])
-        plans = apply.plan_tables(events, self.settings.keys)
+        plans = apply.plan_tables(events, self.settings.keys, self.settings.sequence_by)
         table_columns: dict[str, list[tuple[str, str]]] = {}
         for plan in plans:
             columns = self.sink.columns(plan.database, plan.schema, plan.table)

@@ -1099,11 +1099,12 @@ class DeltaSink:
         return _stats_columns(plan.columns, plan.key_columns, partitioning)
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
-        """Deletes every row the log wrote before the plan's TRUNCATE (:func:`apply.log_order`)."""
+        """Deletes every row the log wrote before the plan's TRUNCATE (``TablePlan.ordered_by_column``)."""
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        condition = apply.log_order(F.col(POSITION_COLUMN)) < F.lit(plan.truncate_order)
+        position = F.col(POSITION_COLUMN)
+        condition = (apply.log_order(position) if plan.ordered_by_column else position) < F.lit(plan.truncate_order)
         with self.idempotent(marker):
             self._committing(path, "DELETE", lambda: self._delete_where(path, condition))
 

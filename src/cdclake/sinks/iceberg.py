@@ -452,9 +452,10 @@ class IcebergSink(DeltaSink):
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        # The log part of each row's order (apply.log_order), in SQL.
-        log_part = f"substring_index({POSITION_COLUMN}, {sql_string(apply.SEQUENCE_SEPARATOR)}, -1)"
-        condition = f"{log_part} < {sql_string(plan.truncate_order)}"
+        position = POSITION_COLUMN
+        if plan.ordered_by_column:  # the log part of each row's order (apply.log_order), in SQL
+            position = f"substring_index({POSITION_COLUMN}, {sql_string(apply.SEQUENCE_SEPARATOR)}, -1)"
+        condition = f"{position} < {sql_string(plan.truncate_order)}"
         self._committing_once(path, marker, "DELETE", lambda: self._execute_delete(path, condition))
 
     def _execute_delete(self, path: str, condition: str) -> None:
