@@ -312,7 +312,7 @@ def test_the_embedded_session_reads_avro_within_limits_and_a_pipeline_says_when_
 
     name = "org.apache.avro.limits.string.maxLength"
     try:
-        # Avro reads its limits once, when its first record is read: the property is gone only for this check.
+        # Avro reads its limits once, when its SystemLimitException class loads: cleared only for this check.
         system.clearProperty(name)
         with caplog.at_level("WARNING", logger="cdclake.pipeline"):
             Pipeline(spark, PipelineSettings(lake=str(tmp_path / "json"), app_id="json", default_format="canal-json"))
