@@ -52,14 +52,17 @@ def test_qlik_avro_reuses_its_plan_per_data_schemas_of_the_batch(spark) -> None:
     metadata = topics_frame(spark, {"metadata": read_jsonl(CASES / "qlik-avro" / "metadata.input.jsonl")})
     known = collect_metadata(fmt.metadata.extract(metadata, {}))
     assert known, "the metadata case defines its tables"
-    one_schema = ["insert", "update", "delete", "snapshot"]  # DT messages of one schemaId, defined in `known`
+    # DT messages of one schemaId, defined in `known`: two batches of other rows show the reuse (each decode of this
+    # format costs seconds of analysis; four batches took 52 s of the suite).
+    one_schema = ["insert", "delete"]
     batches = [topics_frame(spark, {s: read_jsonl(CASES / "qlik-avro" / f"{s}.input.jsonl")}) for s in one_schema]
     assert len({qlik_avro._batch_inputs(batch) for batch in batches}) == 1
     for batch in batches:
-        reused = decode_batch_with_metadata(fmt, batch, {}, known)
+        reused = canonical_rows_by_topic(decode_batch_with_metadata(fmt, batch, {}, known))
         built = qlik_avro._decode_with_inputs(batch, {}, known, qlik_avro._batch_inputs(batch))
-        assert canonical_rows_by_topic(reused) == canonical_rows_by_topic(built)
-        assert not any(row["error"] for rows in canonical_rows_by_topic(reused).values() for row in rows)
+        assert reused == canonical_rows_by_topic(built)
+        assert reused
+        assert not any(row["error"] for rows in reused.values() for row in rows)
     assert len(_plans._templates) == 1
     reused = decode_batch_with_metadata(fmt, metadata, {}, known)
     built = qlik_avro._decode_with_inputs(metadata, {}, known, qlik_avro._batch_inputs(metadata))
