@@ -247,7 +247,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     # Staged: the column name is read inside a lambda below, which Spark evaluates again for each element.
     events = events.withColumn(_SEQUENCE_COLUMN, _sequence_by_column(tuple(sequence_by.items())))
     column = F.lower(F.col(_SEQUENCE_COLUMN))
-    after, before = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
+    after, before = _images_by_lower_name()
     # A partial after image without the column left it unchanged: the before image has its value, if any (the
     # pipeline makes dead letters of the changes that carry it nowhere: unordered_change).
     value = F.when(F.map_contains_key(after, column), after[column]).otherwise(before[column])
@@ -280,8 +280,14 @@ def carries_sequence_column(sequence_by: Mapping[str, str]) -> tuple[Column, Col
     """Whether each event's after and before images have its table's ``sequence_by`` column, in any case, as
     :func:`sequenced` reads it (null where the image or the setting is; for :func:`unordered_change`)."""
     column = F.lower(_sequence_by_column(tuple(sequence_by.items())))
-    images = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
-    after, before = (F.map_contains_key(image, column) for image in images)
+    after, before = (F.map_contains_key(image, column) for image in _images_by_lower_name())
+    return after, before
+
+
+def _images_by_lower_name() -> tuple[Column, Column]:
+    """The after and before images with their column names lower-cased: the ``sequence_by`` column is matched in
+    any case (:func:`sequenced` and :func:`carries_sequence_column` must find the same one)."""
+    after, before = (F.transform_keys(F.col(image), lambda k, _v: F.lower(k)) for image in (model.AFTER, model.BEFORE))
     return after, before
 
 
