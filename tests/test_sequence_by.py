@@ -17,8 +17,10 @@ from pyspark.sql import functions as F
 from cdclake.apply import sequence_key
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
+from cdclake.sinks.delta import OP_COLUMN
+from cdclake.sinks.history import IS_CURRENT_COLUMN, ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN
 from cdclake.spark import local_frame
-from tests.e2e.helpers import lake_reader
+from tests.e2e.helpers import history_table, lake_reader, scd2_reader
 from tests.test_ddl import row_message
 
 pytestmark = pytest.mark.spark
@@ -266,7 +268,11 @@ def test_a_truncate_voids_what_the_log_wrote_before_it_whatever_the_versions(
     only. Compared whole, a row stayed or went by its version: version 100 (``000100...``) sorted after the
     truncate's position (``000...03``) and survived it, and a late copy of a change the log wrote before the
     truncate landed after it. Now the truncate compares log positions (``apply.log_order``), in the batch, in the
-    lake table's DELETE and in the tombstone gate."""
+    lake table's DELETE and in the tombstone gate.
+
+    The table's SCD2 history placed the truncate among each key's versions by the same whole comparison, so
+    version 100 stayed current there; now its chain goes by log epoch (the truncates before a change), then by
+    version: version 100, the truncate, version 1."""
     lines = [
         _ogg("I", 1, after={"ID": 1, "VERSION": 100, "V": "before"}),
         _ogg("I", 2, after={"ID": 2, "VERSION": 1, "V": "before"}),
@@ -286,9 +292,36 @@ def test_a_truncate_voids_what_the_log_wrote_before_it_whatever_the_versions(
         batch_lines=batch_lines,
         sequence_by={"SALES.ORDERS": "version"},
         table_format=table_format,  # type: ignore[arg-type]
+        scd2=True,
     )
     rows = lake_reader(spark, table_format)(f"{lake}/SALES/ORDERS")
     assert sorted(rows, key=lambda row: row["ID"]) == [
         {"ID": 1, "VERSION": 1, "V": "after"},
         {"ID": 3, "VERSION": 2, "V": "after"},
     ]
+    live = scd2_reader(spark, lake, table_format)(f"{lake}/SALES/ORDERS")
+    assert sorted(live, key=lambda row: row["ID"]) == sorted(rows, key=lambda row: row["ID"])
+    versions = history_table(spark, lake, "scd2", "SALES", "ORDERS", table_format)
+    assert versions is not None
+    chains: dict[int | None, list[dict[str, Any]]] = {}
+    for row in versions.collect():
+        chains.setdefault(row["ID"] if row[ROW_KEY_COLUMN] is not None else None, []).append(row.asDict())
+    truncate_at = {row[VALID_FROM_COLUMN] for row in chains.pop(None)}  # the truncate's marker row
+    assert len(truncate_at) == 1
+
+    def linked(chain: list[dict[str, Any]]) -> list[tuple[int, str]]:
+        """The key's rows from the first version on, each closed where the next one starts: (VERSION, op)."""
+        starts = {row[VALID_FROM_COLUMN]: row for row in chain}
+        row = next(r for r in chain if r[VALID_FROM_COLUMN] not in {o[VALID_TO_COLUMN] for o in chain})
+        walked = [row]
+        while row[VALID_TO_COLUMN] is not None:
+            row = starts[row[VALID_TO_COLUMN]]
+            walked.append(row)
+        assert len(walked) == len(chain)
+        assert [r[IS_CURRENT_COLUMN] for r in walked] == [False] * (len(walked) - 1) + [True]
+        return [(r["VERSION"], r[OP_COLUMN]) for r in walked]
+
+    assert linked(chains[1]) == [(100, "UPSERT"), (100, "TRUNCATE"), (1, "UPSERT")]
+    assert linked(chains[2]) == [(1, "UPSERT"), (1, "TRUNCATE")]
+    assert linked(chains[3]) == [(2, "UPSERT")]
+    assert {row[VALID_FROM_COLUMN] for row in chains[1] + chains[2] if row[OP_COLUMN] == "TRUNCATE"} == truncate_at

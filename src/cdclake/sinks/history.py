@@ -26,7 +26,10 @@ change (see :mod:`cdclake.apply`), ``_cdc_valid_to`` the order of the key's next
 which is ``_cdc_is_current``). The live rows are ``_cdc_is_current AND NOT _cdc_is_deleted``; the rows as of
 order ``o`` are ``_cdc_valid_from <= o AND (_cdc_valid_to IS NULL OR o < _cdc_valid_to) AND NOT _cdc_is_deleted``.
 A TRUNCATE also leaves one marker row without key (``_cdc_row_key`` null, empty interval), so that changes of any
-key that arrive later, but are older than the truncate, are still closed by it.
+key that arrive later, but are older than the truncate, are still closed by it. A table that ``sequence_by`` orders
+by a column (``TablePlan.ordered_by_column``) orders its changes by ``value|position`` and its truncates by position
+(:func:`cdclake.apply.log_order`): once it has a truncate, its chains are placed by log epoch (how many truncates the
+log wrote before the change), then by order, and read whole, since the two kinds of order do not bound each other.
 
 Every batch recomputes, with window functions, the chain of each key it touches from the stored rows that can
 change (those still open at the key's oldest change in the batch) plus the batch's changes, and applies the
@@ -162,6 +165,20 @@ def _position_text(order: str) -> str:
 
 def _position_of(order: Column) -> Column:
     return F.regexp_replace(order, _HALF_SUFFIX.pattern, "")
+
+
+def _placed(chain_part: DataFrame, truncate_positions: Sequence[str]) -> DataFrame:
+    """``chain_part`` (SCD2 chain events) with the two columns the chain sorts by before ``_order``: ``_epoch``, how
+    many of ``truncate_positions`` (sorted) the log wrote before the event, and ``_tail``, 1 for a truncate (the
+    batch's marker events and the rows stored for them), which closes its epoch, else 0. Both 0 when no positions
+    are given (the chain is ordered by ``_order`` alone)."""
+    if not truncate_positions:
+        return chain_part.select("*", F.lit(0).alias("_epoch"), F.lit(0).alias("_tail"))
+    staged = chain_part.select("*", apply.log_order(F.col("_order")).alias("_log"))
+    log = F.col("_log")
+    before = F.filter(F.array(*(F.lit(position) for position in truncate_positions)), lambda t: t < log)
+    tail = F.when(F.col("_kind") == TRUNCATE, 1).otherwise(0)
+    return staged.select("*", F.size(before).alias("_epoch"), tail.alias("_tail")).drop("_log")
 
 
 def _typed(spark_type: str) -> DataType:
@@ -571,6 +588,11 @@ class HistorySink:
     # ---------------------------------------------------------------------------------------------------------
     # SCD2
 
+    def _truncate_positions(self, stored: DataFrame, truncates: Sequence[tuple[str, datetime | None]]) -> list[str]:
+        """The positions of every TRUNCATE of the table, stored (its marker rows) and in the batch, sorted."""
+        marked = stored.where(F.col(ROW_KEY_COLUMN).isNull()).select(VALID_FROM_COLUMN).distinct().collect()
+        return sorted({row[0] for row in marked} | {order for order, _ in truncates})
+
     def _scd2(self, item: _Work, changes: DataFrame) -> None:
         """Recomputes the chains of the keys the batch touches and MERGEs the difference (see the module doc)."""
         columns, oldest, truncates = item.columns, item.oldest, item.truncates
@@ -581,8 +603,18 @@ class HistorySink:
         floor = _position_text(oldest)
         # A table left to its first write has no rows yet (and no files to read).
         stored = local_frame(self.spark, [], schema) if path in self._awaiting_creation else self.sink.read_path(path)
+        # A table that sequence_by orders by a column orders its changes by value|position, and a TRUNCATE by its
+        # position: it closes the versions the log wrote before it, whatever their values (apply.log_order). Once
+        # the table has a truncate, the chain is placed by log epoch first (how many truncates the log wrote before
+        # the change), then by order; orders of the two kinds do not compare, so no stored row is left out by order.
+        truncate_positions = self._truncate_positions(stored, truncates) if item.plan.ordered_by_column else []
+        by_epoch = bool(truncate_positions)
         # Rows closed before the batch's oldest change cannot change: skip their files (statistics on valid_to).
-        open_rows = stored.where(F.col(VALID_TO_COLUMN).isNull() | (F.col(VALID_TO_COLUMN) >= F.lit(floor)))
+        open_rows = (
+            stored
+            if by_epoch
+            else stored.where(F.col(VALID_TO_COLUMN).isNull() | (F.col(VALID_TO_COLUMN) >= F.lit(floor)))
+        )
 
         stored_events = open_rows.where(F.col(ROW_KEY_COLUMN).isNotNull()).select(
             F.col(ROW_KEY_COLUMN).alias("_key"),
@@ -605,16 +637,21 @@ class HistorySink:
         first_change = changes.groupBy(F.col(apply.ROW_KEY).alias("_key")).agg(
             _position_of(F.min(apply.ORDER)).alias("_floor")
         )
-        if truncates:
-            truncate_floor = F.lit(_position_text(truncates[0][0]))
-            stored_events = stored_events.join(first_change, "_key", "left").withColumn(
-                "_floor", F.least(F.col("_floor"), truncate_floor)
-            )
+        if by_epoch:
+            # Every stored row of the keys the batch changes; of every key when it truncates.
+            if not truncates:
+                stored_events = stored_events.join(first_change.select("_key"), "_key", "left_semi")
         else:
-            stored_events = stored_events.join(first_change, "_key", "inner")
-        stored_events = stored_events.where(F.col("_was_to").isNull() | (F.col("_was_to") >= F.col("_floor"))).drop(
-            "_floor"
-        )
+            if truncates:
+                truncate_floor = F.lit(_position_text(truncates[0][0]))
+                stored_events = stored_events.join(first_change, "_key", "left").withColumn(
+                    "_floor", F.least(F.col("_floor"), truncate_floor)
+                )
+            else:
+                stored_events = stored_events.join(first_change, "_key", "inner")
+            stored_events = stored_events.where(F.col("_was_to").isNull() | (F.col("_was_to") >= F.col("_floor"))).drop(
+                "_floor"
+            )
 
         # Copies of a change (re-sends) count once.
         unique_changes = changes.dropDuplicates([apply.ROW_KEY, apply.ORDER, apply.KIND, model.SUB_INDEX])
@@ -662,10 +699,16 @@ class HistorySink:
             *(F.lit(None).cast(data_type).alias(f"_v{i}") for i, (_, data_type) in enumerate(user)),
             *(F.lit(False).alias(f"_s{i}") for i in range(len(user))),
         )
-        chain = stored_events.unionByName(new_events).unionByName(marker_events)
+        chain = (
+            _placed(stored_events, truncate_positions)
+            .unionByName(_placed(new_events, truncate_positions))
+            .unionByName(_placed(marker_events, truncate_positions))
+        )
 
         # At equal orders a stored row sorts last and so wins (it is the same change, already complete).
-        by_key = Window.partitionBy("_key").orderBy("_order", "_stored", "_partition", "_offset", "_sub_index")
+        by_key = Window.partitionBy("_key").orderBy(
+            "_epoch", "_tail", "_order", "_stored", "_partition", "_offset", "_sub_index"
+        )
         up_to_here = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         before_here = by_key.rowsBetween(Window.unboundedPreceding, -1)
         kind, order, stored_row = F.col("_kind"), F.col("_order"), F.col("_stored") == 1
@@ -694,6 +737,8 @@ class HistorySink:
         keep = last_of_order & ~replaced_half & ~ends_nothing
         evaluated = chain.select(
             "_key",
+            "_epoch",
+            "_tail",
             "_order",
             "_kind",
             "_stored",
