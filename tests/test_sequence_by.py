@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
+from cdclake import apply
 from cdclake.apply import sequence_key
 from cdclake.devtools.verify import read_table
 from cdclake.runner import replay
@@ -325,3 +326,127 @@ def test_a_truncate_voids_what_the_log_wrote_before_it_whatever_the_versions(
     assert linked(chains[2]) == [(1, "UPSERT"), (1, "TRUNCATE")]
     assert linked(chains[3]) == [(2, "UPSERT")]
     assert {row[VALID_FROM_COLUMN] for row in chains[1] + chains[2] if row[OP_COLUMN] == "TRUNCATE"} == truncate_at
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_lake_table_written_in_one_order_refuses_changes_ordered_otherwise(
+    spark, tmp_path: Path, table_format: str
+) -> None:
+    """A lake table records the ordering its rows were written with (``cdclake.sequenceBy``). Once ``sequence_by``
+    orders its source table otherwise, the stored ``version|position`` orders and the new bare positions would
+    compare as text: the update below (position 3) sorted before the stored version (``000100...10|...``) and was
+    dropped without a word. Now its row changes are dead letters that say why and how to fix it; its truncates
+    still apply, by the log part of the stored orders. A table from before the property takes the setting as it
+    is."""
+    lake = str(tmp_path / "lake")
+
+    def run(name: str, lines: list[str], sequence_by: dict[str, str]) -> int:
+        capture = tmp_path / f"{name}.jsonl"
+        capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        results = replay(
+            spark,
+            lake=lake,
+            format_name="ogg-json",
+            paths=[str(capture)],
+            sequence_by=sequence_by,
+            table_format=table_format,  # type: ignore[arg-type]
+        )
+        return sum(r.dead_letters for r in results)
+
+    def rows() -> list[tuple[int, int, str]]:
+        stored = lake_reader(spark, table_format)(f"{lake}/SALES/ORDERS")
+        return sorted((row["ID"], row["VERSION"], row["V"]) for row in stored)
+
+    by_version = {"SALES.ORDERS": "version"}
+    inserts = [_ogg("I", 1, after={"ID": 1, "VERSION": 10, "V": "a"}), _ogg("I", 2, after={"ID": 2, "VERSION": 1})]
+    assert run("a", inserts, by_version) == 0
+    update = [_ogg("U", 3, before={"ID": 1, "VERSION": 10, "V": "a"}, after={"ID": 1, "VERSION": 11, "V": "b"})]
+    if table_format == "delta":  # a dry run finds it first, as `cdclake check` does
+        from typer.testing import CliRunner
+
+        from cdclake.cli import main as cli_main
+
+        (tmp_path / "b.jsonl").write_text(update[0] + "\n", encoding="utf-8")
+        args = ["replay", "--dry-run", "--lake", lake, "--format", "ogg-json", str(tmp_path / "b.jsonl")]
+        dry = CliRunner().invoke(cli_main.app, args)
+        assert dry.exit_code == 1, dry.output
+        assert "was written with SALES.SALES.ORDERS's changes ordered by its column version" in " ".join(
+            dry.output.split()
+        )
+    assert run("b", update, {}) == 1
+    assert rows() == [(1, 10, "a"), (2, 1, None)]
+    (reason,) = {row["reason"] for row in read_table(f"{lake}/_cdclake/dead_letters")}
+    assert reason.startswith(
+        "the lake table SALES/ORDERS was written with SALES.SALES.ORDERS's changes ordered by its column version, but "
+        "sequence_by now orders them by the format's position"
+    )
+    assert "Set sequence_by for SALES.SALES.ORDERS back to `version`" in reason
+
+    assert run("b", update, by_version) == 0  # the setting back: the same change applies
+    assert rows() == [(1, 11, "b"), (2, 1, None)]
+    # A truncate goes by the log whatever the setting: compared whole, `000100...11|...03/1` sorted after it.
+    assert run("c", [_ogg("T", 4)], {}) == 0
+    assert rows() == []
+
+    if table_format == "delta":  # a table from before the property: written as the setting says now
+        spark.sql(f"ALTER TABLE delta.`{lake}/SALES/ORDERS` UNSET TBLPROPERTIES ('cdclake.sequenceBy')")
+        assert run("d", [_ogg("I", 5, after={"ID": 3, "VERSION": 1, "V": "c"})], {}) == 0
+        assert rows() == [(3, 1, "c")]
+        recorded = spark.sql(f"SHOW TBLPROPERTIES delta.`{lake}/SALES/ORDERS` ('cdclake.sequenceBy')").first()
+        assert recorded is not None
+        assert recorded["value"] == ""
+
+
+def test_a_null_version_sorts_before_every_value(spark, tmp_path: Path) -> None:
+    """A NULL in the ``sequence_by`` column sorts before every value (``apply.NULL_SEQUENCE_KEY``). Its order was
+    ``|position``, above every value's (``|`` is above digits): the change that gave a NULL version its first value
+    was dropped as older, without a word, and a change to NULL overwrote every version. Orders stored that way
+    (rows and SCD2 versions, rewritten so below) compare as NULLs' (``apply.comparable_order``)."""
+    lake = str(tmp_path / "lake")
+
+    def run(name: str, lines: list[str]) -> None:
+        capture = tmp_path / f"{name}.jsonl"
+        capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        replay(
+            spark,
+            lake=lake,
+            format_name="ogg-json",
+            paths=[str(capture)],
+            sequence_by={"SALES.ORDERS": "version"},
+            scd2=True,
+        )
+
+    run(
+        "a",
+        [
+            _ogg("I", 1, after={"ID": 1, "VERSION": None, "V": "null"}),
+            _ogg("I", 2, after={"ID": 2, "VERSION": None, "V": "null, stored the old way"}),
+            _ogg("I", 3, after={"ID": 3, "VERSION": 5, "V": "five"}),
+        ],
+    )
+    path = f"{lake}/SALES/ORDERS"
+    scd2 = f"{lake}/_cdclake/scd2/SALES/ORDERS"
+    # Key 2 as cdclake wrote it before: the empty NULL key.
+    spark.sql(f"UPDATE delta.`{path}` SET _cdc_position = substr(_cdc_position, 2) WHERE ID = 2")
+    spark.sql(f"UPDATE delta.`{scd2}` SET {VALID_FROM_COLUMN} = substr({VALID_FROM_COLUMN}, 2) WHERE ID = 2")
+    stored = spark.sql(f"SELECT _cdc_position FROM delta.`{path}` WHERE ID = 2").collect()
+    assert [row[0][:1] for row in stored] == ["|"]
+    run(
+        "b",
+        [
+            _ogg("U", 4, before={"ID": 1, "VERSION": None}, after={"ID": 1, "VERSION": 1, "V": "one"}),
+            _ogg("U", 5, before={"ID": 2, "VERSION": None}, after={"ID": 2, "VERSION": 2, "V": "two"}),
+            _ogg("U", 6, before={"ID": 3, "VERSION": 5}, after={"ID": 3, "VERSION": None, "V": "null again"}),
+        ],
+    )
+    rows = sorted((row["ID"], row["VERSION"], row["V"]) for row in read_table(path))
+    assert rows == [(1, 1, "one"), (2, 2, "two"), (3, 5, "five")]
+    live = scd2_reader(spark, lake, "delta")(path)
+    assert sorted((row["ID"], row["VERSION"], row["V"]) for row in live) == rows
+    versions = history_table(spark, lake, "scd2", "SALES", "ORDERS")
+    assert versions is not None
+    chains: dict[int, list[tuple[int | None, bool]]] = {}
+    for row in versions.orderBy(apply.comparable_order(F.col(VALID_FROM_COLUMN))).collect():
+        chains.setdefault(row["ID"], []).append((row["VERSION"], row[IS_CURRENT_COLUMN]))
+    # The change to NULL is older than version 5: it goes before it in the key's history.
+    assert chains == {1: [(None, False), (1, True)], 2: [(None, False), (2, True)], 3: [(None, False), (5, True)]}

@@ -79,6 +79,25 @@ SEQUENCE_SEPARATOR: Final = "|"
 No position holds it (they are digits, letters and ``~!#:/``); a value key may."""
 
 
+NULL_SEQUENCE_KEY: Final = "\u0000"
+"""The value key of a NULL in a ``sequence_by`` column (:func:`sequenced`): below the first character of every
+:func:`sequence_key` (U+0001 at the lowest, of a text key), so that a NULL sorts before every value. Until December
+2026 it was the empty key, and ``|position`` sorted after every value (``|`` is above digits): a change that gave
+the column its first value was taken as older than the row with NULL and dropped. Such stored orders are read with
+:func:`comparable_order`."""
+
+
+def comparable_order(order: Column) -> Column:
+    """A stored ``order`` as it compares with new ones: one written with the empty NULL key (``|position``, before
+    :data:`NULL_SEQUENCE_KEY`) as a NULL's. Only orders of ``sequence_by`` row changes can start with ``|``."""
+    return F.when(order.startswith(SEQUENCE_SEPARATOR), F.concat(F.lit(NULL_SEQUENCE_KEY), order)).otherwise(order)
+
+
+def comparable_order_sql(order: str) -> str:
+    """:func:`comparable_order` of the SQL expression ``order``, as SQL text (``char(0)`` is U+0000)."""
+    return f"CASE WHEN startswith({order}, '{SEQUENCE_SEPARATOR}') THEN concat(char(0), {order}) ELSE {order} END"
+
+
 def log_order(order: Column) -> Column:
     """The part of an ``order`` that places a change in the source's log: the position after the last
     :data:`SEQUENCE_SEPARATOR` of a ``sequence_by`` row change's order, any other order whole. A TRUNCATE is ordered
@@ -240,7 +259,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     after image lacks it), by its name in any case: the
     messages of a table may spell it otherwise than the setting or than each other (the lake keeps one column).
     An event whose value is NULL sorts before every event with a value. The value becomes text whose order is the
-    value's (:func:`sequence_key`), then ``|`` and the position.
+    value's (:func:`sequence_key`; :data:`NULL_SEQUENCE_KEY` for NULL), then ``|`` and the position.
     """
     if not sequence_by:
         return events
@@ -257,7 +276,9 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
     return events.withColumn(
         model.POSITION,
-        F.when(rows, F.concat(F.coalesce(key, F.lit("")), F.lit(SEQUENCE_SEPARATOR), base)).otherwise(base),
+        F.when(rows, F.concat(F.coalesce(key, F.lit(NULL_SEQUENCE_KEY)), F.lit(SEQUENCE_SEPARATOR), base)).otherwise(
+            base
+        ),
     ).drop(_SEQUENCE_COLUMN)
 
 
@@ -600,10 +621,9 @@ class TablePlan:
     key_columns: list[str]
     truncate_order: str | None = None
     """Order of the newest TRUNCATE in the batch, if any."""
-    ordered_by_column: bool = False
-    """Whether ``sequence_by`` names a column for the table: its rows are ordered by ``value|position``, and a
-    TRUNCATE compares their log part (:func:`log_order`). Only then, since Delta and Iceberg cannot skip or drop
-    whole files by such a condition (Iceberg then marks every row deleted instead of dropping the files)."""
+    sequence_column: str | None = None
+    """The column ``sequence_by`` names for the table, as the setting spells it; None when the format's position
+    orders it. The sink records it on the lake table it creates (``DeltaSink.ordering_conflict``)."""
     first_order: str | None = None
     """Order of the oldest row event in the batch, if any, or the log part of an order (:func:`log_order`) when that
     is lower: every change the batch applies to the table is ordered at or after it, and so is the log part of its
@@ -622,6 +642,13 @@ class TablePlan:
     declared_names: set[str] = field(default_factory=set)
     """Every column name the batch's messages declare, exactly as they spell it (images hold their columns by these
     names; a lake table that already has a column keeps its own spelling)."""
+
+    @property
+    def ordered_by_column(self) -> bool:
+        """Whether ``sequence_by`` names a column for the table: its rows are ordered by ``value|position``, and a
+        TRUNCATE compares their log part (:func:`log_order`). Only then, since Delta and Iceberg cannot skip or drop
+        whole files by such a condition (Iceberg then marks every row deleted instead of dropping the files)."""
+        return self.sequence_column is not None
 
 
 def _valued_columns() -> Column:
@@ -646,6 +673,12 @@ def lacks_key_value(keys: Column, identifying: Column) -> Column:
     per key) holds no value for one of its ``keys``; never null, false for an event without that image."""
     missing = F.coalesce(F.exists(keys, lambda k: identifying[k].isNull()), F.lit(False))
     return identifying.isNotNull() & missing
+
+
+def sequence_column(sequence_by: PerTable[str], ident: tuple[str | None, str | None, str]) -> str | None:
+    """The column ``sequence_by`` names for the table ``ident`` (``TablePlan.sequence_column``), or None."""
+    entry = sequence_by.entry_for(*ident)
+    return None if entry is None else entry[1]
 
 
 def plan_tables(
@@ -716,7 +749,7 @@ def plan_tables(
                 table=ident[2],
                 columns=[],
                 key_columns=list(row["keys"] or []),
-                ordered_by_column=ordered.entry_for(*ident) is not None,
+                sequence_column=sequence_column(ordered, ident),
             )
             plans[ident] = plan
         known = {name.lower(): index for index, (name, _) in enumerate(plan.columns)}

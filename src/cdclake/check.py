@@ -30,6 +30,7 @@ from cdclake.constraints import violation_reason
 from cdclake.pipeline import (
     Pipeline,
     PipelineSettings,
+    ordering_changed_problem,
     sequence_by_problem,
     unknown_keys_problem,
     unordered_change_problem,
@@ -58,7 +59,8 @@ class TableFinding:
         unmet_constraints: CHECK constraints of the existing lake table (``name (condition)``) -> sampled events
             whose row would not meet it (they would be dead letters; :mod:`cdclake.constraints`).
         setting_problem: why the table's row events would be dead letters because of a per-table setting (``keys``
-            naming columns it does not have, a ``sequence_by`` column it does not have), or None.
+            naming columns it does not have, a ``sequence_by`` column it does not have, a ``sequence_by`` that
+            orders it otherwise than its existing lake table was written), or None.
         setting_warning: what a run would log about the table's settings (a ``sequence_by`` pattern whose column
             the table does not have: it keeps the format's order), or None.
         properties_to_set: ``table_properties`` values that the existing lake table lacks or has otherwise (a run
@@ -297,6 +299,11 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         ordering = PerTable.of(settings.sequence_by).entry_for(*ident)
         has_column = ordering is not None and ordering[1].lower() in {c.lower() for c in columns}
         ordered = lands == "yes" and key_problem is None and has_column
+        reordered = (
+            _ordering_changed(sink, ident, ordering[1] if ordering and has_column else None, lake_table)
+            if stored is not None
+            else None
+        )
         unordered_changes = int(row["unordered_changes"] or 0) if ordered else 0
         findings.append(
             TableFinding(
@@ -311,7 +318,9 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 unmet_constraints=(
                     {} if stored is None or lake_table is None else _unmet(pipeline, events, ident, stored, lake_table)
                 ),
-                setting_problem=key_problem or (unordered.text if unordered and not unordered.warning_only else None),
+                setting_problem=key_problem
+                or (unordered.text if unordered and not unordered.warning_only else None)
+                or reordered,
                 setting_warning=unordered.text if unordered and unordered.warning_only else None,
                 properties_to_set=sink.properties_to_set(*ident) if stored is not None and lake_table else {},
                 partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
@@ -325,6 +334,18 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
             )
         )
     return findings
+
+
+def _ordering_changed(
+    sink: DeltaSink, ident: tuple[str | None, str | None, str], column: str | None, lake_table: str | None
+) -> str | None:
+    """Why a run would refuse the row events of a table whose existing lake table was written in another order than
+    the ``sequence_by`` ``column`` that orders it now (None: its position; ``DeltaSink.ordering_conflict``), or
+    None."""
+    recorded = sink.recorded_ordering(*ident)
+    if lake_table is None or recorded is None or recorded == (column or "").lower() or not sink.holds_orders(*ident):
+        return None
+    return ordering_changed_problem(ident, recorded, column, lake_table)
 
 
 def _partitioning_note(

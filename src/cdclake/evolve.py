@@ -157,7 +157,7 @@ class SchemaEvolution:
         sequence_by: Mapping[str, str] | None = None,
     ):
         self.sink = sink
-        # Which tables' rows are ordered by a column (TablePlan.ordered_by_column), for the tables a statement clears.
+        # Which tables' rows are ordered by a column (TablePlan.sequence_column), for the tables a statement clears.
         self.sequence_by = PerTable.of(dict(sequence_by or {}))
         self.policy = policy
         self.table_policies = PerTable.of(dict(table_policies or {}))
@@ -550,7 +550,7 @@ class SchemaEvolution:
             columns=[],
             key_columns=[],
             truncate_order=order,
-            ordered_by_column=self.sequence_by.entry_for(table.database, table.schema, table.table) is not None,
+            sequence_column=apply.sequence_column(self.sequence_by, (table.database, table.schema, table.table)),
         )
 
     # -------------------------------------------------------------------------------------------------------------

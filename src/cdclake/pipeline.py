@@ -730,6 +730,7 @@ class Pipeline:
                 for p in apply.plan_tables(good, self.settings.keys, self.settings.sequence_by)
                 if p.row_events or p.truncate_order
             ]
+            good = self._in_position_order(good, plans)
             table_columns, constraints = self._ensure_tables(plans)
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
@@ -757,6 +758,33 @@ class Pipeline:
         if plans:
             self._apply_rows(good, plans, table_columns, txn, result)
         self._history(good, plans, table_columns, txn, result)
+
+    def _in_position_order(self, events: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
+        """``events`` with the row changes of the tables that a ``sequence_by`` pattern names a column they have
+        neither in the lake nor in the batch ordered by their position only (``apply.log_order``), and those plans
+        without the column: such a table keeps the format's order, as the warning of
+        :meth:`_sequence_by_problem` says. ``apply.sequenced`` gave their changes the order of a NULL value
+        (``<NULL key>|position``), which a lake table written before the pattern, by bare positions, would have
+        compared with them as text (``DeltaSink.ordering_conflict`` would refuse them instead)."""
+        unsequenced: list[str] = []
+        for plan in plans:
+            entry = PerTable.of(self.settings.sequence_by).entry_for(plan.database, plan.schema, plan.table)
+            if entry is None or not is_pattern(entry[0]) or plan.sequence_column is None:
+                continue
+            column = plan.sequence_column.lower()
+            if any(name.lower() == column for name, _ in plan.columns):
+                continue
+            stored = self.sink.columns(plan.database, plan.schema, plan.table) or []
+            if not any(name.lower() == column for name, _ in stored):
+                plan.sequence_column = None
+                unsequenced.append(plan.table_id)
+        if not unsequenced:
+            return events
+        table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        position = F.col(model.POSITION)
+        return events.withColumn(
+            model.POSITION, F.when(table.isin(*unsequenced), apply.log_order(position)).otherwise(position)
+        )
 
     def _in_lake_spelling(
         self, good: DataFrame, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
@@ -1064,8 +1092,10 @@ class Pipeline:
             # Images hold the lake table's spelling (_in_lake_spelling).
             names = [name for name, _ in table_columns[plan.table_id]]
             ident = (plan.database, plan.schema, plan.table)
-            if problem := unknown_keys_problem(ident, plan.key_columns, names) or self._sequence_by_problem(
-                ident, names
+            if problem := (
+                unknown_keys_problem(ident, plan.key_columns, names)
+                or self._sequence_by_problem(ident, names)
+                or self._ordering_changed_problem(plan)
             ):
                 rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
                 reason = F.when(rows, problem) if reason is None else reason.when(rows, problem)
@@ -1130,6 +1160,16 @@ class Pipeline:
             self._unsequenced_warned.add(problem.text)
             log.warning(problem.text)
         return None
+
+    def _ordering_changed_problem(self, plan: apply.TablePlan) -> str | None:
+        """:func:`ordering_changed_problem` of the plan's table, when its lake table was written in another order
+        than ``sequence_by`` gives it now (``DeltaSink.ordering_conflict``)."""
+        recorded = self.sink.ordering_conflict(plan)
+        if recorded is None:
+            return None
+        ident = (plan.database, plan.schema, plan.table)
+        lake_table = "/".join(self.sink.lake_names(*ident))
+        return ordering_changed_problem(ident, recorded, plan.sequence_column, lake_table)
 
     def _refuse_rows_not_meeting_constraints(
         self,
@@ -1664,6 +1704,26 @@ def sequence_by_problem(
         return SequenceByProblem(text, warning_only=True)
     text = f"sequence_by column {column} is not a column of {_table_name(ident)}: fix the `sequence_by` setting"
     return SequenceByProblem(text, warning_only=False)
+
+
+def ordering_changed_problem(
+    ident: tuple[str | None, str | None, str], recorded: str, column: str | None, lake_table: str
+) -> str:
+    """The reason of a row event of a table whose lake table was written in another order (``recorded``: a
+    ``sequence_by`` column, lower-cased, or ``""`` for the format's position) than ``sequence_by`` gives it now
+    (``column``, or None for the format's position): see ``DeltaSink.ordering_conflict``."""
+
+    def ordering(column: str | None) -> str:
+        return f"its column {column}" if column else "the format's position"
+
+    back = f"`{recorded}`" if recorded else "none (no entry that matches it)"
+    return (
+        f"the lake table {lake_table} was written with {_table_name(ident)}'s changes ordered by {ordering(recorded)}, "
+        f"but sequence_by now orders them by {ordering(column)}: the stored orders and the new ones do not compare, "
+        f"so the change could overwrite a newer row or be dropped as older. Set sequence_by for {_table_name(ident)} "
+        f"back to {back}, or load the table again into a new lake table under the new setting; then replay these "
+        "dead letters (`cdclake dlq replay`)"
+    )
 
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:

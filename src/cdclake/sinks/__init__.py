@@ -23,7 +23,7 @@ TableProperties = Mapping[str, Mapping[str, str]]
 _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     # (lower-cased key, or a prefix ending in ".", and why it cannot be set: what to use instead, if anything)
     "delta": (
-        ("cdclake.", "cdclake's own properties record the source table and its key columns"),
+        ("cdclake.", "cdclake's own properties record the source table, its key columns and the ordering of its rows"),
         (
             "delta.enabledeletionvectors",
             "cdclake switches deletion vectors per table: use the `deletion_vectors` setting (auto, always, never)",
@@ -45,7 +45,7 @@ _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ),
     ),
     "iceberg": (
-        ("cdclake.", "cdclake's own properties record the source table and its key columns"),
+        ("cdclake.", "cdclake's own properties record the source table, its key columns and the ordering of its rows"),
         ("format-version", "cdclake's Iceberg MERGEs are built and tested for format version 2"),
         ("write.merge.mode", "cdclake's Iceberg tables are merge-on-read, which its MERGEs are built for"),
         ("write.update.mode", "cdclake's Iceberg tables are merge-on-read, which its MERGEs are built for"),

@@ -351,7 +351,8 @@ def merge_statement(
     # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
     # a column the message does not declare matches the row's NULL in it.
     match_on = plan.key_columns or [name for name, _ in table_columns]
-    newer = f"s.{POSITION_COLUMN} >= coalesce(t.{POSITION_COLUMN}, '')"
+    # The stored order as it compares now (apply.comparable_order: a NULL sequence_by value stored the old way).
+    newer = f"s.{POSITION_COLUMN} >= coalesce({apply.comparable_order_sql(f't.{POSITION_COLUMN}')}, '')"
     update_set = {
         quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
         for i, (name, _) in enumerate(table_columns)
@@ -417,6 +418,17 @@ def written_rows(
 
 KEY_COLUMNS_PROPERTY: Final = "cdclake.keyColumns"
 """The table property with the key columns a table was created with (comma-separated; empty for a key-less table)."""
+
+
+SEQUENCE_BY_PROPERTY: Final = "cdclake.sequenceBy"
+"""The table property with the ordering a lake table's rows were written with (:func:`ordering_of`): the
+``sequence_by`` column, lower-cased, or empty for the format's position. Their ``_cdc_position`` is ``value|position``
+in the one case, the bare position in the other, and orders of two orderings do not compare (``apply.sequenced``)."""
+
+
+def ordering_of(plan: TablePlan) -> str:
+    """The value of :data:`SEQUENCE_BY_PROPERTY` for the ordering of ``plan``'s row changes."""
+    return (plan.sequence_column or "").lower()
 
 
 def source_properties(plan: TablePlan) -> dict[str, str]:
@@ -576,6 +588,8 @@ class DeltaSink:
         self._awaiting_creation: set[str] = set()
         # Lake tables whose properties ensure_table has looked at in this process (_reconcile_properties).
         self._source_properties_checked: set[str] = set()
+        # Lake table path -> the ordering its rows were written with (SEQUENCE_BY_PROPERTY), for those looked at.
+        self._recorded_ordering: dict[str, str] = {}
         # Bookkeeping table path -> the newest marker versions appended there (read from its rows once, then kept
         # from this sink's own appends); None for a table from before the marker columns (Delta's markers).
         self._appended: dict[str, _AppendedVersions | None] = {}
@@ -776,6 +790,7 @@ class DeltaSink:
             if partitioning:
                 builder = builder.partitionedBy(*(field.column for field in partitioning))
             builder.execute()
+            self._recorded_ordering.setdefault(path, ordering_of(plan))
         self._source_properties_checked.add(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}
@@ -798,6 +813,11 @@ class DeltaSink:
           again before the commit that adds them (:meth:`_create_beside_leftovers`); a table created by hand may
           too. Without them a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key
           columns.
+        * the ordering of its rows (:data:`SEQUENCE_BY_PROPERTY`) if it lacks it: a table created before cdclake
+          recorded it is taken to be ordered as ``sequence_by`` orders it now. Another recorded ordering is changed
+          only while the table holds no order to compare (:meth:`holds_orders`: a table created by a batch whose
+          row changes were all refused, say for a misspelt ``sequence_by`` column); otherwise
+          :meth:`ordering_conflict` tells the pipeline that the setting has changed since.
         """
         changed = _differing(self.user_properties(plan), stored)
         if changed:
@@ -805,6 +825,10 @@ class DeltaSink:
         if "cdclake.source" not in stored:
             log.warning("%s lacks cdclake's table properties (cdclake.source, %s): set now", path, KEY_COLUMNS_PROPERTY)
             changed.update(source_properties(plan))
+        recorded, wanted = stored.get(SEQUENCE_BY_PROPERTY), ordering_of(plan)
+        if recorded is None or (recorded != wanted and not self.holds_orders(plan.database, plan.schema, plan.table)):
+            recorded = changed[SEQUENCE_BY_PROPERTY] = wanted
+        self._recorded_ordering[path] = recorded
         if changed:
             self._set_properties(path, changed)
 
@@ -855,6 +879,42 @@ class DeltaSink:
             return {}
         return _differing(wanted, self._properties(self.table_path(database, schema, table)))
 
+    def ordering_conflict(self, plan: TablePlan) -> str | None:
+        """The ordering that the lake table of ``plan``'s source table was written with (:func:`ordering_of`: a
+        column, or ``""`` for the format's position) when ``sequence_by`` now orders the source table otherwise,
+        else None. Known for the tables :meth:`ensure_table` has looked at (once per table and process).
+
+        Its stored orders and the new ones do not compare: ``value|position`` against a bare position, or values of
+        two columns, compared as text, would overwrite newer rows and drop newer changes as older, silently. Nor can
+        the stored orders be converted: each row holds only its newest version, which the old ordering chose, and
+        its SCD2 history would have to be placed again in another order. The pipeline makes the table's row changes
+        dead letters that say so (``pipeline.ordering_changed_problem``)."""
+        recorded = self._recorded_ordering.get(self.table_path(plan.database, plan.schema, plan.table))
+        return recorded if recorded is not None and recorded != ordering_of(plan) else None
+
+    def holds_orders(self, database: str | None, schema: str | None, table: str) -> bool:
+        """Whether the source table's existing lake table has rows, or the tombstones table a deleted key of it: orders
+        that later changes are compared with (:meth:`ordering_conflict`). A truncate's tombstone compares log
+        positions whatever the ordering."""
+        if not self.read(database, table, schema).isEmpty():
+            return True
+        path = self.system_path(self.TOMBSTONES)
+        if not self._exists(path):
+            return False
+        of_table = F.col(apply.TABLE_ID) == apply.table_id_of(database, schema, table)
+        return not self.spark.read.format("delta").load(path).where(of_table & (F.col(apply.ROW_KEY) != "")).isEmpty()
+
+    def recorded_ordering(self, database: str | None, schema: str | None, table: str) -> str | None:
+        """The ordering an existing lake table's rows were written with (:data:`SEQUENCE_BY_PROPERTY`), or None when
+        the table is missing or does not record it (``cdclake check``; a run changes a recorded ordering only while
+        the table :meth:`holds_orders` no more)."""
+        path = self.table_path(database, schema, table)
+        if path in self._recorded_ordering:
+            return self._recorded_ordering[path]
+        if self.columns(database, schema, table) is None:
+            return None
+        return self._properties(path).get(SEQUENCE_BY_PROPERTY)
+
     def _leave_to_first_write(self, path: str, plan: TablePlan) -> list[tuple[str, str]]:
         """Leaves the missing table at ``path`` to its first :meth:`merge` (``ensure_table``'s ``defer_creation``);
         returns the plan's columns, their types in Spark's canonical spelling (as a created table reports them)."""
@@ -867,6 +927,7 @@ class DeltaSink:
             **TABLE_PROPERTIES,
             **self.user_properties(plan),
             **source_properties(plan),
+            SEQUENCE_BY_PROPERTY: ordering_of(plan),
             # MERGE prunes files by key; statistics on every column cost ~40% of a small MERGE for nothing.
             "delta.dataSkippingStatsColumns": ",".join(self._stats_columns(plan, partitioning)),
             ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
@@ -1099,14 +1160,23 @@ class DeltaSink:
         return _stats_columns(plan.columns, plan.key_columns, partitioning)
 
     def truncate(self, plan: TablePlan, txn: Txn | None) -> None:
-        """Deletes every row the log wrote before the plan's TRUNCATE (``TablePlan.ordered_by_column``)."""
+        """Deletes every row the log wrote before the plan's TRUNCATE (:meth:`rows_ordered_by_column`)."""
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
         position = F.col(POSITION_COLUMN)
-        condition = (apply.log_order(position) if plan.ordered_by_column else position) < F.lit(plan.truncate_order)
+        condition = (apply.log_order(position) if self.rows_ordered_by_column(plan) else position) < F.lit(
+            plan.truncate_order
+        )
         with self.idempotent(marker):
             self._committing(path, "DELETE", lambda: self._delete_where(path, condition))
+
+    def rows_ordered_by_column(self, plan: TablePlan) -> bool:
+        """Whether the stored rows of ``plan``'s lake table may hold ``value|position`` orders, whose log part a
+        TRUNCATE compares (``TablePlan.ordered_by_column``): when ``sequence_by`` orders the table by a column, or
+        when its rows were written so (:meth:`ordering_conflict`: its row changes are refused, its truncates not)."""
+        recorded = self._recorded_ordering.get(self.table_path(plan.database, plan.schema, plan.table))
+        return plan.ordered_by_column or bool(recorded)
 
     def _delete_where(self, path: str, condition: Column) -> None:
         """One attempt at deleting the rows of the table at ``path`` that meet ``condition``: one commit."""
@@ -1196,6 +1266,7 @@ class DeltaSink:
             return False
         self._columns[path] = stored
         self._source_properties_checked.add(path)
+        self._recorded_ordering[path] = ordering_of(plan)
         return True
 
     def create_with_rows(
@@ -1559,7 +1630,7 @@ class DeltaSink:
         if tombstones is None:
             return folded
         by_key = tombstones.where(F.col(apply.ROW_KEY) != "").select(
-            apply.TABLE_ID, apply.ROW_KEY, F.col("position").alias("_tomb")
+            apply.TABLE_ID, apply.ROW_KEY, apply.comparable_order(F.col("position")).alias("_tomb")
         )
         by_table = tombstones.where(F.col(apply.ROW_KEY) == "").select(
             apply.TABLE_ID, F.col("position").alias("_trunc")

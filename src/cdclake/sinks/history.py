@@ -706,8 +706,9 @@ class HistorySink:
         )
 
         # At equal orders a stored row sorts last and so wins (it is the same change, already complete).
+        # Stored orders as they compare now (apply.comparable_order); the rows keep the text they were written with.
         by_key = Window.partitionBy("_key").orderBy(
-            "_epoch", "_tail", "_order", "_stored", "_partition", "_offset", "_sub_index"
+            "_epoch", "_tail", apply.comparable_order(F.col("_order")), "_stored", "_partition", "_offset", "_sub_index"
         )
         up_to_here = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         before_here = by_key.rowsBetween(Window.unboundedPreceding, -1)

@@ -50,10 +50,12 @@ from cdclake.sinks.delta import (
     KEY_COLUMNS_PROPERTY,
     METADATA_COLUMNS,
     POSITION_COLUMN,
+    SEQUENCE_BY_PROPERTY,
     DeltaSink,
     MergeStatement,
     Txn,
     merge_statement,
+    ordering_of,
     quote,
     source_properties,
     sql_string,
@@ -286,6 +288,7 @@ class IcebergSink(DeltaSink):
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg{partitioned} TBLPROPERTIES ({props})"
             )
+            self._recorded_ordering.setdefault(path, ordering_of(plan))
         self._source_properties_checked.add(path)
         self._columns.pop(path, None)
         stored = self.columns(plan.database, plan.schema, plan.table) or []
@@ -298,7 +301,12 @@ class IcebergSink(DeltaSink):
 
     def _creation_properties(self, plan: TablePlan, partitioning: Partitioning = ()) -> dict[str, str]:
         """The table properties of a lake table cdclake creates for ``plan`` (whatever its partitioning)."""
-        return {**TABLE_PROPERTIES, **self.user_properties(plan), **source_properties(plan)}
+        return {
+            **TABLE_PROPERTIES,
+            **self.user_properties(plan),
+            **source_properties(plan),
+            SEQUENCE_BY_PROPERTY: ordering_of(plan),
+        }
 
     def _known_properties(self, table_properties: PerTable[dict[str, str]]) -> PerTable[dict[str, str]]:
         """Iceberg takes any property; it checks the values of those it uses when it uses them."""
@@ -453,7 +461,7 @@ class IcebergSink(DeltaSink):
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
         position = POSITION_COLUMN
-        if plan.ordered_by_column:  # the log part of each row's order (apply.log_order), in SQL
+        if self.rows_ordered_by_column(plan):  # the log part of each row's order (apply.log_order), in SQL
             position = f"substring_index({POSITION_COLUMN}, {sql_string(apply.SEQUENCE_SEPARATOR)}, -1)"
         condition = f"{position} < {sql_string(plan.truncate_order)}"
         self._committing_once(path, marker, "DELETE", lambda: self._execute_delete(path, condition))
