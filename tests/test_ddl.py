@@ -360,3 +360,21 @@ def test_a_statement_that_a_second_dialect_parses_logs_no_sqlglot_fallback(caplo
     with caplog.at_level(logging.WARNING, logger="sqlglot"):
         sqlglot.parse_one(text)
     assert any("Falling back" in r.getMessage() for r in caplog.records if r.name == "sqlglot")
+
+
+@pytest.mark.spark
+def test_ddl_applies_at_its_log_position_in_tables_ordered_by_a_column(spark, tmp_path: Path) -> None:
+    """``sequence_by`` orders row changes by ``value|position`` and a statement has its position only: compared
+    whole, every row change of the batch sorted before every statement (a value key's digits are below Canal's
+    ``~`` Kafka position), so the update that spells ``full_name`` went in before the rename of ``name``, and so on.
+    The batch is cut into segments by the log part of the orders (``apply.log_order``). Each key's changes share its
+    ``id``, so the lake ends as without the setting."""
+    lake = run_scenario(spark, tmp_path, 100, sequence_by={"crm.*": "id"})
+    assert sorted(read_table(f"{lake}/crm/client"), key=lambda r: r["id"]) == EXPECTED_CLIENT
+    schema = dict(spark.read.format("delta").load(f"{lake}/crm/client").dtypes)
+    assert "score" not in schema
+    assert "name" not in schema
+    reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
+    assert len(reasons) == 2, reasons
+    assert reasons[0].startswith("DDL not applied: DDL syntax not understood")
+    assert reasons[1].startswith("DDL not applied: column tier: string -> bigint would not keep stored values")

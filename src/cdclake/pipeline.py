@@ -701,7 +701,9 @@ class Pipeline:
         if not steps:
             self._apply_events(good, batch_id, txn, result)
             return
-        order = apply.effective_order(good)
+        # A statement has its log position only; a sequence_by row change's order is `value|position`, and only its
+        # log part says whether the log wrote it before or after the statement.
+        order = apply.log_order(apply.effective_order(good))
         affected = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).isin(
             *sorted(affected_ids)
         )

@@ -590,6 +590,8 @@ class DeltaSink:
         self._source_properties_checked: set[str] = set()
         # Lake table path -> the ordering its rows were written with (SEQUENCE_BY_PROPERTY), for those looked at.
         self._recorded_ordering: dict[str, str] = {}
+        # (lake table path, ordering) pairs that ordering_conflict found the table holding orders of another one for.
+        self._ordering_refused: set[tuple[str, str]] = set()
         # Bookkeeping table path -> the newest marker versions appended there (read from its rows once, then kept
         # from this sink's own appends); None for a table from before the marker columns (Delta's markers).
         self._appended: dict[str, _AppendedVersions | None] = {}
@@ -814,10 +816,8 @@ class DeltaSink:
           too. Without them a later rename or ``CREATE TABLE ... LIKE`` of the source table would not know its key
           columns.
         * the ordering of its rows (:data:`SEQUENCE_BY_PROPERTY`) if it lacks it: a table created before cdclake
-          recorded it is taken to be ordered as ``sequence_by`` orders it now. Another recorded ordering is changed
-          only while the table holds no order to compare (:meth:`holds_orders`: a table created by a batch whose
-          row changes were all refused, say for a misspelt ``sequence_by`` column); otherwise
-          :meth:`ordering_conflict` tells the pipeline that the setting has changed since.
+          recorded it is taken to be ordered as ``sequence_by`` orders it now. Another recorded ordering is left to
+          :meth:`ordering_conflict`.
         """
         changed = _differing(self.user_properties(plan), stored)
         if changed:
@@ -825,9 +825,9 @@ class DeltaSink:
         if "cdclake.source" not in stored:
             log.warning("%s lacks cdclake's table properties (cdclake.source, %s): set now", path, KEY_COLUMNS_PROPERTY)
             changed.update(source_properties(plan))
-        recorded, wanted = stored.get(SEQUENCE_BY_PROPERTY), ordering_of(plan)
-        if recorded is None or (recorded != wanted and not self.holds_orders(plan.database, plan.schema, plan.table)):
-            recorded = changed[SEQUENCE_BY_PROPERTY] = wanted
+        recorded = stored.get(SEQUENCE_BY_PROPERTY)
+        if recorded is None:
+            recorded = changed[SEQUENCE_BY_PROPERTY] = ordering_of(plan)
         self._recorded_ordering[path] = recorded
         if changed:
             self._set_properties(path, changed)
@@ -888,9 +888,23 @@ class DeltaSink:
         two columns, compared as text, would overwrite newer rows and drop newer changes as older, silently. Nor can
         the stored orders be converted: each row holds only its newest version, which the old ordering chose, and
         its SCD2 history would have to be placed again in another order. The pipeline makes the table's row changes
-        dead letters that say so (``pipeline.ordering_changed_problem``)."""
-        recorded = self._recorded_ordering.get(self.table_path(plan.database, plan.schema, plan.table))
-        return recorded if recorded is not None and recorded != ordering_of(plan) else None
+        dead letters that say so (``pipeline.ordering_changed_problem``).
+
+        A table that holds no order yet (:meth:`holds_orders`) takes the new ordering instead: one created by a batch
+        whose row changes were all refused (for a misspelt ``sequence_by`` column, say), or by a ``CREATE TABLE``
+        under a pattern whose column it lacks. Looked at once per table, ordering and process."""
+        path = self.table_path(plan.database, plan.schema, plan.table)
+        recorded, wanted = self._recorded_ordering.get(path), ordering_of(plan)
+        if recorded is None or recorded == wanted:
+            return None
+        if (path, wanted) not in self._ordering_refused:
+            if not self.holds_orders(plan.database, plan.schema, plan.table):
+                log.info("%s holds no rows yet: its rows are ordered by %r from now on", path, wanted)
+                self._set_properties(path, {SEQUENCE_BY_PROPERTY: wanted})
+                self._recorded_ordering[path] = wanted
+                return None
+            self._ordering_refused.add((path, wanted))
+        return recorded
 
     def holds_orders(self, database: str | None, schema: str | None, table: str) -> bool:
         """Whether the source table's existing lake table has rows, or the tombstones table a deleted key of it: orders
@@ -907,7 +921,7 @@ class DeltaSink:
     def recorded_ordering(self, database: str | None, schema: str | None, table: str) -> str | None:
         """The ordering an existing lake table's rows were written with (:data:`SEQUENCE_BY_PROPERTY`), or None when
         the table is missing or does not record it (``cdclake check``; a run changes a recorded ordering only while
-        the table :meth:`holds_orders` no more)."""
+        the table holds no orders, :meth:`ordering_conflict`)."""
         path = self.table_path(database, schema, table)
         if path in self._recorded_ordering:
             return self._recorded_ordering[path]
