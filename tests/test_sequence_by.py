@@ -328,6 +328,15 @@ def test_a_truncate_voids_what_the_log_wrote_before_it_whatever_the_versions(
     assert {row[VALID_FROM_COLUMN] for row in chains[1] + chains[2] if row[OP_COLUMN] == "TRUNCATE"} == truncate_at
 
 
+def _replay_ogg(spark, tmp_path: Path, name: str, lines: list[str], **settings: Any) -> int:  # type: ignore[no-untyped-def]
+    """Replays OGG JSON ``lines`` from the capture file ``<name>.jsonl`` into the lake ``tmp_path/lake`` with
+    ``settings`` (``replay``'s keywords); the number of dead letters."""
+    capture = tmp_path / f"{name}.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    results = replay(spark, lake=str(tmp_path / "lake"), format_name="ogg-json", paths=[str(capture)], **settings)
+    return sum(r.dead_letters for r in results)
+
+
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_lake_table_written_in_one_order_refuses_changes_ordered_otherwise(
     spark, tmp_path: Path, table_format: str
@@ -341,17 +350,7 @@ def test_a_lake_table_written_in_one_order_refuses_changes_ordered_otherwise(
     lake = str(tmp_path / "lake")
 
     def run(name: str, lines: list[str], sequence_by: dict[str, str]) -> int:
-        capture = tmp_path / f"{name}.jsonl"
-        capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        results = replay(
-            spark,
-            lake=lake,
-            format_name="ogg-json",
-            paths=[str(capture)],
-            sequence_by=sequence_by,
-            table_format=table_format,  # type: ignore[arg-type]
-        )
-        return sum(r.dead_letters for r in results)
+        return _replay_ogg(spark, tmp_path, name, lines, sequence_by=sequence_by, table_format=table_format)
 
     def rows() -> list[tuple[int, int, str]]:
         stored = lake_reader(spark, table_format)(f"{lake}/SALES/ORDERS")
@@ -405,16 +404,7 @@ def test_a_null_version_sorts_before_every_value(spark, tmp_path: Path) -> None:
     lake = str(tmp_path / "lake")
 
     def run(name: str, lines: list[str]) -> None:
-        capture = tmp_path / f"{name}.jsonl"
-        capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        replay(
-            spark,
-            lake=lake,
-            format_name="ogg-json",
-            paths=[str(capture)],
-            sequence_by={"SALES.ORDERS": "version"},
-            scd2=True,
-        )
+        _replay_ogg(spark, tmp_path, name, lines, sequence_by={"SALES.ORDERS": "version"}, scd2=True)
 
     run(
         "a",

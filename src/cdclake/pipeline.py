@@ -770,14 +770,13 @@ class Pipeline:
         compared with them as text (``DeltaSink.ordering_conflict`` would refuse them instead)."""
         unsequenced: list[str] = []
         for plan in plans:
-            entry = PerTable.of(self.settings.sequence_by).entry_for(plan.database, plan.schema, plan.table)
-            if entry is None or not is_pattern(entry[0]) or plan.sequence_column is None:
+            ident = (plan.database, plan.schema, plan.table)
+            names = [name for name, _ in plan.columns]
+            if plan.sequence_column is None or sequence_by_problem(self.settings.sequence_by, ident, names) is None:
                 continue
-            column = plan.sequence_column.lower()
-            if any(name.lower() == column for name, _ in plan.columns):
-                continue
-            stored = self.sink.columns(plan.database, plan.schema, plan.table) or []
-            if not any(name.lower() == column for name, _ in stored):
+            stored = [name for name, _ in self.sink.columns(*ident) or []]
+            problem = sequence_by_problem(self.settings.sequence_by, ident, names + stored)
+            if problem is not None and problem.warning_only:
                 plan.sequence_column = None
                 unsequenced.append(plan.table_id)
         if not unsequenced:

@@ -792,7 +792,7 @@ class DeltaSink:
             if partitioning:
                 builder = builder.partitionedBy(*(field.column for field in partitioning))
             builder.execute()
-            self._recorded_ordering.setdefault(path, ordering_of(plan))
+            self._recorded_ordering[path] = ordering_of(plan)
         self._source_properties_checked.add(path)
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}

@@ -288,7 +288,7 @@ class IcebergSink(DeltaSink):
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {identifier} ({listed}) USING iceberg{partitioned} TBLPROPERTIES ({props})"
             )
-            self._recorded_ordering.setdefault(path, ordering_of(plan))
+            self._recorded_ordering[path] = ordering_of(plan)
         self._source_properties_checked.add(path)
         self._columns.pop(path, None)
         stored = self.columns(plan.database, plan.schema, plan.table) or []
