@@ -305,7 +305,8 @@ def test_a_key_whose_row_changes_because_another_key_was_refused_is_checked_agai
         _ogg("I", 2, {"ID": 2, "A": 1, "B": 5, "N": 3}),
     )
     spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT lt CHECK (A < B)")
-    moved = json.loads(_ogg("U", 5, {"ID": 6, "A": 1}))  # key 1 -> 6; no stored row at 6: B and N are NULL
+    # Key 1 -> 6 with A 9: the columns the image lacks come from key 1's row (B 5), and 9 < 5 does not hold.
+    moved = json.loads(_ogg("U", 5, {"ID": 6, "A": 9}))
     moved["before"] = {"ID": 1}
     _land(
         spark,

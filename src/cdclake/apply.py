@@ -45,6 +45,10 @@ IMAGE: Final = "image"
 PARTIAL: Final = "partial"
 """True when ``image`` lacks some columns that must keep their current values."""
 
+MOVED_FROM: Final = "moved_from"
+"""The old row key of an UPSERT that an UPDATE of the row's key made from a partial after image (else NULL): the
+columns its image lacks are the old key's row's (:func:`moves_made_whole`), not the new key's."""
+
 UPSERT: Final = "UPSERT"
 DELETE: Final = "DELETE"
 
@@ -489,7 +493,7 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
     """Row events (INSERT, UPDATE, DELETE, UPSERT) -> keyed changes.
 
     Output columns: table_id, row_key, kind, image, partial, order, partition, offset, sub_index, event_time,
-    key_columns.
+    key_columns, moved_from.
     """
     keys = effective_keys(events, configured_keys or {})
     before, after = F.col(model.BEFORE), F.col(model.AFTER)
@@ -505,16 +509,23 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
             F.lit(0).alias("half"),
         ),
     )
+    after_is_partial = F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))
+    # A partial after image of an UPDATE that changed the key lacks columns the row keeps; the row that holds them is
+    # the old key's, which the DELETE above retires. The before image gives what it has of them here, the old key's
+    # row in the batch or the lake the rest (moves_made_whole).
+    moved_partial = (op == Op.UPDATE) & after_is_partial & before.isNotNull() & (key_before != key_after)
     upsert_new = F.when(
         op.isin(Op.INSERT.value, Op.UPSERT.value) | ((op == Op.UPDATE) & after.isNotNull()),
         F.struct(
             F.lit(UPSERT).alias(KIND),
             key_after.alias(ROW_KEY),
-            after.alias(IMAGE),
-            F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias(PARTIAL),
+            F.when(moved_partial, _overlaid(before, after)).otherwise(after).alias(IMAGE),
+            after_is_partial.alias(PARTIAL),
             F.lit(1).alias("half"),
+            F.when(moved_partial, key_before).alias(MOVED_FROM),
         ),
     )
+    delete_old_key = delete_old_key.withField(MOVED_FROM, F.lit(None).cast("string"))
     changes = F.filter(F.array(delete_old_key, upsert_new), lambda c: c.isNotNull())
     exploded = events.where(op.isin(*(o.value for o in model.ROW_OPS))).select(
         table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)).alias(TABLE_ID),
@@ -538,7 +549,18 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
         (F.col(model.SUB_INDEX) * 2 + F.col("c")["half"]).alias(model.SUB_INDEX),
         model.EVENT_TIME,
         model.KEY_COLUMNS,
+        F.col("c")[MOVED_FROM].alias(MOVED_FROM),
     )
+
+
+def _overlaid(image: Column, on_top: Column) -> Column:
+    """``image`` with the values of ``on_top`` in place of its own (both maps of column name to value)."""
+    return F.map_concat(F.map_filter(image, lambda k, _v: ~F.map_contains_key(on_top, k)), on_top)
+
+
+def _quoted(name: str) -> str:
+    """A column name for ``F.col``, whatever characters it holds (names come from messages)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def fold(changes: DataFrame) -> DataFrame:
@@ -546,7 +568,9 @@ def fold(changes: DataFrame) -> DataFrame:
 
     A DELETE or a full image replaces what came before; a partial image is overlaid on the previous image of the
     batch, and stays partial (relies on the stored row) only if no full image or delete precedes it in the batch.
-    After a DELETE, a partial image starts from nothing: the columns it lacks are NULL.
+    After a DELETE, a partial image starts from nothing: the columns it lacks are NULL. ``moved_from``: an old key
+    of a key change from a partial image among the key's changes, which :func:`moves_made_whole` must make whole
+    first (NULL when there is none).
     """
     rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
     items = F.collect_list(
@@ -566,9 +590,8 @@ def fold(changes: DataFrame) -> DataFrame:
     )
 
     def step(acc: Column, item: Column) -> Column:
-        overlay = F.map_concat(F.map_filter(acc[IMAGE], lambda k, _v: ~F.map_contains_key(item[IMAGE], k)), item[IMAGE])
         is_partial_on_upsert = item[PARTIAL] & (acc[KIND] == UPSERT)
-        image = F.when(is_partial_on_upsert, overlay).otherwise(item[IMAGE])
+        image = F.when(is_partial_on_upsert, _overlaid(acc[IMAGE], item[IMAGE])).otherwise(item[IMAGE])
         partial = (
             F.when(~item[PARTIAL], F.lit(False))
             .when(acc[KIND].isNull(), F.lit(True))
@@ -592,11 +615,190 @@ def fold(changes: DataFrame) -> DataFrame:
         F.lit(None).cast("timestamp").alias(model.EVENT_TIME),
         F.lit(None).cast("array<string>").alias(model.KEY_COLUMNS),
     )
-    folded = changes.groupBy(TABLE_ID, ROW_KEY).agg(F.aggregate(ordered, empty, step).alias("f"))
+    folded = changes.groupBy(TABLE_ID, ROW_KEY).agg(
+        F.aggregate(ordered, empty, step).alias("f"), F.max(MOVED_FROM).alias(MOVED_FROM)
+    )
     return folded.select(
         TABLE_ID,
         ROW_KEY,
         *(F.col("f")[name].alias(name) for name in (KIND, IMAGE, PARTIAL, ORDER, model.EVENT_TIME, model.KEY_COLUMNS)),
+        MOVED_FROM,
+    )
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """A lake table's rows as a key change reads them (:func:`moves_made_whole`): ``rows`` (typed; None when the
+    table has none yet), its key columns, its columns with their Spark types, and the column of ``rows`` that holds
+    each row's order."""
+
+    rows: DataFrame | None
+    key_columns: Sequence[str]
+    columns: Sequence[tuple[str, str]]
+    order_column: str
+
+
+MAX_MOVE_ROUNDS: Final = 32
+"""Rounds of :func:`moves_made_whole` before the key changes left are made whole from what the batch has: each round
+completes every key change whose old row no pending one came before (the first one always), so only a batch that
+moves one row through more keys than this in a row gets there."""
+
+
+def moves_made_whole(
+    changes: DataFrame, tables: Mapping[str, StoredRows], keep: Callable[[DataFrame], None]
+) -> tuple[DataFrame, DataFrame | None]:
+    """The batch's row changes (:func:`row_changes`), with each UPSERT of a key change from a partial image
+    (``moved_from``) made whole from the old key's row as it was when the key changed: the columns the image lacks
+    take the values of the old key's earlier changes in the batch (folded up to the key change) and, where those are
+    partial or absent, of the old key's row in the lake table (``tables``, by table id). The UPSERT is then a full
+    image: a column that neither has is NULL, as after a DELETE, not the value a stale row of the new key may hold.
+
+    A row moved twice in one batch (``a -> b``, then ``b -> c``, both partial) needs the first move made whole
+    before the second: each round completes the key changes whose old key's earlier changes hold no pending one,
+    and takes a local checkpoint (``keep`` receives it, for the caller to release).
+
+    A copy of a key change sent again (a failover's re-send) must not take the old key's row as it is by then (the
+    key may hold another row since): a copy whose new key's stored row is at least as new starts from that row, so
+    it writes what it wrote the first time; copies in the same batch are not each other's earlier changes.
+
+    Returns the changes, and the UPSERTs made whole among them (None when there was none), which the history
+    tables take in place of the batch's partial ones (:func:`with_moves_made_whole`).
+    """
+    if not tables:
+        return changes, None
+    move_id = _change_id()
+    made_whole: list[DataFrame] = []
+    for round_number in range(1, MAX_MOVE_ROUNDS + 1):
+        pending = changes.where(F.col(MOVED_FROM).isNotNull()).select(
+            "*",
+            move_id.alias("_move"),
+            F.col(ORDER).alias("_move_order"),
+            F.col(model.PARTITION).alias("_move_partition"),
+            F.col(model.OFFSET).alias("_move_offset"),
+            F.col(model.SUB_INDEX).alias("_move_sub_index"),
+        )
+        pending = pending.localCheckpoint(eager=True)
+        keep(pending)
+        if pending.isEmpty():
+            break
+        earlier = (
+            changes.alias("c")
+            .join(
+                pending.select(
+                    F.col(TABLE_ID).alias("_table"),
+                    F.col(MOVED_FROM).alias("_old_key"),
+                    "_move",
+                    "_move_order",
+                    "_move_partition",
+                    "_move_offset",
+                    "_move_sub_index",
+                ),
+                (F.col(f"c.{TABLE_ID}") == F.col("_table")) & (F.col(f"c.{ROW_KEY}") == F.col("_old_key")),
+            )
+            # Ordered before the key change; of its own message, only what comes before its DELETE of the old key
+            # (one sub_index below its UPSERT). Other messages at the same order are copies of it.
+            .where(
+                (F.col(ORDER) < F.col("_move_order"))
+                | (
+                    (F.col(ORDER) == F.col("_move_order"))
+                    & (F.col(model.PARTITION) == F.col("_move_partition"))
+                    & (F.col(model.OFFSET) == F.col("_move_offset"))
+                    & (F.col(model.SUB_INDEX) < F.col("_move_sub_index") - 1)
+                )
+            )
+            .select(
+                TABLE_ID, F.col("_move").alias(ROW_KEY), *(c for c in changes.columns if c not in (TABLE_ID, ROW_KEY))
+            )
+        )
+        old_row = fold(earlier).select(
+            F.col(ROW_KEY).alias("_move"),
+            F.col(KIND).alias("_old_kind"),
+            F.col(IMAGE).alias("_old_image"),
+            F.col(PARTIAL).alias("_old_partial"),
+            F.col(MOVED_FROM).alias("_old_moved_from"),
+        )
+        joined = pending.join(old_row, "_move", "left")
+        last_round = round_number == MAX_MOVE_ROUNDS
+        ready = joined if last_round else joined.where(F.col("_old_moved_from").isNull())
+        whole = functools.reduce(
+            DataFrame.unionByName,
+            [_made_whole(ready.where(F.col(TABLE_ID) == table), stored) for table, stored in tables.items()],
+        )
+        whole = whole.select(*changes.columns).localCheckpoint(eager=True)
+        keep(whole)
+        made_whole.append(whole)
+        changes = with_moves_made_whole(changes, whole).localCheckpoint(eager=True)
+        keep(changes)
+    return changes, functools.reduce(DataFrame.unionByName, made_whole) if made_whole else None
+
+
+def with_moves_made_whole(changes: DataFrame, whole: DataFrame) -> DataFrame:
+    """``changes`` (:func:`row_changes`) with the UPSERTs that :func:`moves_made_whole` made whole (``whole``) in place
+    of the same changes as they came; ``whole``'s changes of other tables are left out."""
+    done = whole.select(_change_id().alias("_done"))
+    kept = changes.join(done, _change_id() == F.col("_done"), "left_anti")
+    tables = changes.select(F.col(TABLE_ID).alias("_table")).distinct()
+    of_these = whole.join(tables, F.col(TABLE_ID) == F.col("_table"), "left_semi")
+    return kept.unionByName(of_these.select(*changes.columns))
+
+
+def _change_id() -> Column:
+    """One row change's identity in its batch (:func:`row_changes`): its table, key and rank."""
+    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
+    return F.to_json(F.struct(F.col(TABLE_ID), F.col(ROW_KEY), rank))
+
+
+def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
+    """Key changes of one table (:func:`moves_made_whole`'s pending ones, with their old row's folded earlier
+    changes) as full images over the old row."""
+    empty = F.create_map().cast("map<string,string>")
+    batch_image = F.when(F.col("_old_kind") == UPSERT, F.col("_old_image")).otherwise(empty)
+    base = batch_image
+    index_of = {name.lower(): i for i, (name, _) in enumerate(stored.columns)}
+    keyed = [stored.columns[index_of[k.lower()]] for k in stored.key_columns if k.lower() in index_of]
+    if stored.rows is not None and keyed and len(keyed) == len(stored.key_columns):
+        # The old key's earlier changes in the batch lie over its stored row, unless they start from a full image.
+        needs_stored = F.col("_old_kind").isNull() | ((F.col("_old_kind") == UPSERT) & F.col("_old_partial"))
+
+        def stored_rows(prefix: str) -> DataFrame:
+            assert stored.rows is not None
+            return stored.rows.select(
+                *(F.col(_quoted(name)).alias(f"{prefix}_k{i}") for i, (name, _) in enumerate(keyed)),
+                comparable_order(F.col(_quoted(stored.order_column))).alias(f"{prefix}_order"),
+                F.map_from_arrays(
+                    F.array(*(F.lit(name) for name, _ in stored.columns)),
+                    F.array(*(model.canonical_text(F.col(_quoted(name)), t) for name, t in stored.columns)),
+                ).alias(f"{prefix}_image"),
+            )
+
+        def on_key(prefix: str, key: Column) -> Column:
+            values = F.from_json(key, "array<string>")
+            return functools.reduce(
+                lambda a, b: a & b,
+                (F.col(f"{prefix}_k{i}") == model.typed_value(values[i], t) for i, (_, t) in enumerate(keyed)),
+            )
+
+        moves = moves.join(stored_rows("_from"), on_key("_from", F.col(MOVED_FROM)), "left")
+        moves = moves.join(stored_rows("_to"), on_key("_to", F.col(ROW_KEY)), "left")
+        # The old key's stored row as it was before the key change (a newer one is another row, written since).
+        before_move = needs_stored & F.coalesce(F.col("_from_order") < F.col(ORDER), F.lit(False))
+        from_old = _overlaid(F.when(before_move, F.col("_from_image")).otherwise(empty), batch_image)
+        # A copy of a key change the lake table already holds (or a newer change of the new key): from that row.
+        applied = F.coalesce(F.col("_to_order") >= F.col(ORDER), F.lit(False))
+        base = F.when(applied, F.col("_to_image")).otherwise(from_old)
+    return moves.select(
+        TABLE_ID,
+        ROW_KEY,
+        KIND,
+        _overlaid(base, F.col(IMAGE)).alias(IMAGE),
+        F.lit(False).alias(PARTIAL),
+        ORDER,
+        model.PARTITION,
+        model.OFFSET,
+        model.SUB_INDEX,
+        model.EVENT_TIME,
+        model.KEY_COLUMNS,
+        F.lit(None).cast("string").alias(MOVED_FROM),
     )
 
 

@@ -66,7 +66,7 @@ from cdclake.formats.base import (
 )
 from cdclake.model import Op
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
-from cdclake.sinks.delta import DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
+from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.spark import (
     avro_limit_options,
@@ -757,9 +757,8 @@ class Pipeline:
                     good, written, table_columns, constraints, batch_id, txn, result
                 )
 
-        if plans:
-            self._apply_rows(good, plans, table_columns, txn, result)
-        self._history(good, plans, table_columns, txn, result)
+        made_whole = self._apply_rows(good, plans, table_columns, txn, result) if plans else None
+        self._history(good, plans, table_columns, txn, result, made_whole)
 
     def _in_position_order(self, events: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
         """``events`` with the row changes of the tables that a ``sequence_by`` pattern names a column they have
@@ -991,7 +990,11 @@ class Pipeline:
         table_columns: Mapping[str, list[tuple[str, str]]],
         txn: Txn | None,
         result: BatchResult,
-    ) -> None:
+    ) -> DataFrame | None:
+        """Applies the row changes of ``good`` to the lake tables of ``plans``: fold, gate, one MERGE per table.
+        Returns the UPSERTs of key changes made whole from the old keys' rows (:meth:`_moves_made_whole`), for the
+        history tables, or None."""
+        made_whole = None
         changes = _not_truncated(apply.row_changes(good, self.settings.keys), plans)
         truncated = [p for p in plans if p.truncate_order]
         with result.timed("fold"):
@@ -1001,15 +1004,16 @@ class Pipeline:
             # cost DeltaSink.merging removes.
             folded = folded.localCheckpoint(eager=True)
             self._batch_frames.append(folded)
-            stats = {
-                row[apply.TABLE_ID]: row
-                for row in folded.groupBy(apply.TABLE_ID)
-                .agg(
-                    F.count("*").alias("changes"),
-                    F.sum(F.when(F.col(apply.KIND) == apply.DELETE, 1).otherwise(0)).alias("deletes"),
-                )
-                .collect()
-            }
+            stats = self._folded_stats(folded)
+            moved = {table for table, row in stats.items() if row["moved"]}
+            if moved:
+                # Key changes from partial images: their UPSERTs made whole from the old keys' rows, then folded
+                # again. Only batches that hold one pay for the second fold.
+                changes, made_whole = self._moves_made_whole(changes, plans, table_columns, moved)
+                folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
+                folded = folded.localCheckpoint(eager=True)
+                self._batch_frames.append(folded)
+                stats = self._folded_stats(folded)
         # Turns of every plan, not only those with changes: a re-run must give each plan the marker it had.
         turns = in_turns(self._merge_units(plans), lambda unit: self._path_of(unit[0]), lambda unit: unit[0].table_id)
         with result.timed("merge"):
@@ -1050,6 +1054,45 @@ class Pipeline:
             # beside them made 10-table batches of 31k messages 9% slower (python -m benchmarks.ab --variant
             # inline-bookkeeping).
             self._bookkeeping.submit("tombstones", self.sink.record_tombstones, folded, truncated, txn)
+        return made_whole
+
+    @staticmethod
+    def _folded_stats(folded: DataFrame) -> dict[str, Row]:
+        """Per table id of the batch's folded changes: how many (``changes``), deletes, and how many keys had a key
+        change from a partial image among their changes (``moved``: made whole not yet, ``_moves_made_whole``)."""
+        return {
+            row[apply.TABLE_ID]: row
+            for row in folded.groupBy(apply.TABLE_ID)
+            .agg(
+                F.count("*").alias("changes"),
+                F.sum(F.when(F.col(apply.KIND) == apply.DELETE, 1).otherwise(0)).alias("deletes"),
+                F.count(apply.MOVED_FROM).alias("moved"),
+            )
+            .collect()
+        }
+
+    def _moves_made_whole(
+        self,
+        changes: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+        moved: set[str],
+    ) -> tuple[DataFrame, DataFrame | None]:
+        """The batch's row ``changes`` with its key changes' partial images made whole from the old keys' rows
+        (:func:`cdclake.apply.moves_made_whole`), read from the batch and from the lake tables before their MERGEs,
+        and those UPSERTs made whole. Only batches that hold such a key change pay for it, and only the ``moved``
+        tables (by table id), which hold them, are read."""
+        tables = {
+            plan.table_id: apply.StoredRows(
+                None if self.sink.awaits_creation(plan) else self.sink.read(plan.database, plan.table, plan.schema),
+                plan.key_columns,
+                table_columns[plan.table_id],
+                POSITION_COLUMN,
+            )
+            for plan in plans
+            if plan.table_id in moved
+        }
+        return apply.moves_made_whole(changes, tables, self._batch_frames.append)
 
     def _history(
         self,
@@ -1058,14 +1101,24 @@ class Pipeline:
         table_columns: Mapping[str, list[tuple[str, str]]],
         txn: Txn | None,
         result: BatchResult,
+        made_whole: DataFrame | None = None,
     ) -> None:
-        """Changelog and SCD2 tables of the tables that have them (settings ``changelog`` / ``scd2``)."""
+        """Changelog and SCD2 tables of the tables that have them (settings ``changelog`` / ``scd2``). ``made_whole``:
+        the UPSERTs of key changes that :meth:`_apply_rows` made whole, which the SCD2 tables take as they are."""
         changelog = [p for p in plans if history.is_selected(self.settings.changelog, p)]
         scd2 = [p for p in plans if history.is_selected(self.settings.scd2, p)]
         if changelog or scd2:
             with result.timed("history"):
                 self.history.record(
-                    good, changelog, scd2, table_columns, self.settings.keys, result.batch_id, txn, self.merge_threads
+                    good,
+                    changelog,
+                    scd2,
+                    table_columns,
+                    self.settings.keys,
+                    result.batch_id,
+                    txn,
+                    self.merge_threads,
+                    made_whole,
                 )
 
     def _misfit_reason(
@@ -1256,6 +1309,13 @@ class Pipeline:
         changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
         folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
         folded = folded.localCheckpoint(eager=True)
+        with_moves = folded.where(F.col(apply.MOVED_FROM).isNotNull()).select(apply.TABLE_ID).distinct().collect()
+        if with_moves:  # as _apply_rows does
+            release(folded)
+            moved = {row[apply.TABLE_ID] for row in with_moves}
+            changes, _ = self._moves_made_whole(changes, plans, table_columns, moved)
+            folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
+            folded = folded.localCheckpoint(eager=True)
         refused: dict[tuple[str, str], list[str]] = {}
         try:
             for plan in plans:

@@ -1,16 +1,19 @@
-"""The HistoryConfig knobs the benchmarks use: row width (``extra_columns``) and a steady clock (``clock_step_ms``)."""
+"""HistoryConfig knobs: row width (``extra_columns``) and a steady clock (``clock_step_ms``), which the benchmarks use,
+and primary-key updates (``key_update_ratio``), which tests/test_key_changes.py replays."""
 
 from __future__ import annotations
 
 import pytest
 
 from cdclake.workload import HistoryConfig, SourceHistory
-from cdclake.workload.history import COLUMN_KINDS, build_tables
+from cdclake.workload.history import COLUMN_KINDS, Change, build_tables
 
 
 def test_defaults_leave_the_history_unchanged() -> None:
     plain = SourceHistory.generate(HistoryConfig(seed=3, events=200))
-    explicit = SourceHistory.generate(HistoryConfig(seed=3, events=200, extra_columns=0, clock_step_ms=None))
+    explicit = SourceHistory.generate(
+        HistoryConfig(seed=3, events=200, extra_columns=0, clock_step_ms=None, key_update_ratio=0.0)
+    )
     assert [(c.op, c.sequence, c.event_time_ms, c.after) for c in plain.changes] == [
         (c.op, c.sequence, c.event_time_ms, c.after) for c in explicit.changes
     ]
@@ -48,3 +51,51 @@ def test_sub_millisecond_steps_keep_sequences_increasing() -> None:
 def test_invalid_values_are_rejected(name: str, value: float) -> None:
     with pytest.raises(ValueError, match=name):
         HistoryConfig(**{name: value}).validate()
+
+
+def test_a_history_with_key_updates_moves_rows_to_their_new_keys() -> None:
+    """The workload generator's primary-key updates (``key_update_ratio``): each moves a row to a key no row holds,
+    the truth follows it, and a history without them is the one it always was."""
+    config = HistoryConfig(seed=3, tables=2, events=200, keys_per_table=12, keyless_tables=1, key_update_ratio=0.5)
+    history = SourceHistory.generate(config)
+    moves = _key_updates(history)
+    assert moves
+    live: dict[tuple[str, str], set[int]] = {}
+    for change in history.changes:
+        keys = live.setdefault(change.table.ident, set())
+        if not change.table.primary_key:
+            continue
+        if change.op == "TRUNCATE":
+            keys.clear()
+        elif change.op == "INSERT":
+            assert change.after is not None
+            assert change.after["id"] not in keys
+            keys.add(change.after["id"])
+        elif change.op == "DELETE":
+            assert change.before is not None
+            keys.remove(change.before["id"])
+        elif change.op == "UPDATE":
+            assert change.before is not None
+            assert change.after is not None
+            if change.before["id"] != change.after["id"]:
+                assert change.after["id"] not in keys, "a key update moved a row onto a held key"
+                keys.remove(change.before["id"])
+                keys.add(change.after["id"])
+    for ident, rows in history.truth().items():
+        if history.table(*ident).primary_key:
+            assert {row["id"] for row in rows} == live[ident]
+    unmoved = SourceHistory.generate(HistoryConfig(seed=3, tables=2, events=200, keys_per_table=12, keyless_tables=1))
+    assert _key_updates(unmoved) == []  # none by default
+
+
+def _key_updates(history: SourceHistory) -> list[Change]:
+    """The UPDATEs of ``history`` that change a row's ``id`` (its primary key)."""
+    return [
+        change
+        for change in history.changes
+        if change.op == "UPDATE"
+        and change.table.primary_key
+        and change.before is not None
+        and change.after is not None
+        and change.before["id"] != change.after["id"]
+    ]

@@ -282,9 +282,12 @@ class HistorySink:
         batch_id: int,
         txn: Txn | None,
         threads: int = 4,
+        made_whole: DataFrame | None = None,
     ) -> None:
         """Writes the batch's decoded, applicable ``events`` into the changelog tables of the ``changelog`` plans
-        and the SCD2 tables of the ``scd2`` plans: one commit per table, all marked with ``txn``."""
+        and the SCD2 tables of the ``scd2`` plans: one commit per table, all marked with ``txn``. ``made_whole``:
+        the batch's UPSERTs of key changes from partial images, made whole from the old keys' rows
+        (``apply.moves_made_whole``), which the SCD2 tables take in place of the partial ones."""
         plans = {plan.table_id: plan for plan in [*changelog, *scd2]}
         if not plans:
             return
@@ -321,6 +324,8 @@ class HistorySink:
             if plan.table_id in versioned:
                 work.append(_Work("scd2", plan, columns, row["oldest"], truncates, (plan.table_id,)))
         changes = apply.row_changes(relevant, keys)
+        if made_whole is not None:
+            changes = apply.with_moves_made_whole(changes, made_whole)
         row_keys = apply.effective_keys(relevant, keys)
 
         def write(item: _Work) -> None:

@@ -25,6 +25,8 @@ Stream shape:
   transaction; Oracle ``scn`` per change and ``commit_scn`` per transaction.
 * ``options.transactions``: ``provide.transaction.metadata=true``: BEGIN/END records around each transaction and a
   ``transaction`` block ``{id, total_order, data_collection_order}`` in its events; else ``transaction: null``.
+* An update of the primary key is a ``d`` of the old key (with its tombstone) and a ``c`` of the new one
+  (section 2); the ``c`` carries every column.
 * Deletes of keyed rows are followed by a Kafka tombstone (same key, value ``None``; ``tombstones.on.delete``
   default). Key-less tables have a null key and no tombstones.
 * TRUNCATE is an ``op: "t"`` event (``skipped.operations`` emptied); ADD_COLUMN is a schema-change record
@@ -51,6 +53,7 @@ Limits (what :attr:`RenderedStream.keys` and ``expected`` say):
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 from datetime import datetime
@@ -382,6 +385,14 @@ class _Writer:
 
     def data_event(self, change: Change, position: dict[str, Any], transaction: dict[str, Any] | None) -> list[Message]:
         table = change.table
+        if change.op == "UPDATE" and _changes_key(change):
+            # debezium.md 2: an update of the primary key is a `d` of the old key (and its tombstone), then a `c` of
+            # the new one, at the update's position. The `c` carries every column here: the renderer does not model
+            # unavailable values on it (the `__debezium.oldkey` header that would link it to the old row is not
+            # rendered either; cdclake does not read it).
+            deleted = dataclasses.replace(change, op="DELETE", after=None)
+            created = dataclasses.replace(change, op="INSERT", before=None)
+            return [*self.data_event(deleted, position, transaction), *self.data_event(created, position, transaction)]
         op = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}[change.op]
         processed_ms = change.event_time_ms + self.rng.randint(3, 900)
         payload = {
@@ -641,3 +652,9 @@ def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> 
     messages = _Writer(options, random.Random(seed)).render(history)
     keys = {t.qualified_name: list(t.primary_key) for t in history.tables if t.primary_key}
     return RenderedStream(messages, keys=keys, expected=lambda _truth: _expected(history))
+
+
+def _changes_key(change: Change) -> bool:
+    """Whether an UPDATE moves its row to another primary key."""
+    before, after = change.before or {}, change.after or {}
+    return bool(change.table.primary_key) and any(before.get(k) != after.get(k) for k in change.table.primary_key)

@@ -11,6 +11,8 @@ inserted) and whose other fields are the remaining columns (NULL as ``null``). O
 * UPDATE: ``recordType`` ``replace`` with the whole new document, or (``options.partial_updates``, three updates in
   four) ``update`` with ``{"$unset": {changed to NULL: true}, "$set": {changed fields}}``; ``where`` = ``{"_id"}``.
 * DELETE: ``recordType`` ``doc``, ``value`` = ``{"_id"}``, ``where`` null.
+* A primary-key UPDATE: a DELETE of the old ``_id`` and an INSERT of the whole new document (``_id`` is immutable in
+  MongoDB, so that is how an application changes it).
 * TRUNCATE: MongoDB has none; emptying a collection (``deleteMany({})``) writes one delete per document, and so
   does this renderer. ADD COLUMN: documents simply carry the new field from then on (no DDL in MongoDB).
 * Transactions (``options.transactions``): the 1-5 operations of a multi-document transaction share the
@@ -268,6 +270,15 @@ class _Renderer:
             assert change.before is not None
             assert change.after is not None
             identity, id_text = self.id_text(change, change.before)
+            new_identity, new_id_text = self.id_text(change, change.after)
+            if new_identity != identity:
+                # MongoDB cannot change a document's `_id`: a key update is a delete and an insert of the document.
+                live.pop(identity, None)
+                self.emit(change, "DELETE", "doc", document([("_id", id_text)]), None, time, es)
+                live[new_identity] = new_id_text
+                value = self.full_document(change, change.after, new_id_text)
+                self.emit(change, "INSERT", "insert", value, None, cluster_time or self.tick(es // 1000), es)
+                return
             where = document([("_id", id_text)])
             kinds = {c.name: c.kind for c in table.columns}
             changed = [c for c in table.column_names() if change.before.get(c) != change.after.get(c)]

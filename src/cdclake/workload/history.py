@@ -135,6 +135,9 @@ class HistoryConfig:
         oracle_tables: Number of additional Oracle tables (schema set, upper-case names, primary key ``ID``).
         extra_columns: Non-key columns added to every table after its template columns (row width for benchmarks):
             ``x01``, ``x02``... (upper-case on Oracle), kinds cycling through :data:`COLUMN_KINDS`.
+        key_update_ratio: Probability that an UPDATE of a keyed table also gives the row a primary key no row holds
+            (``UPDATE t SET id = <new>``): the row moves to the new key and the old one is free again. 0 (the
+            default) draws no extra random numbers, so histories without key updates stay as they were.
         clock_step_ms: When set, the clock advances by exactly this many milliseconds per change (fractions
             accumulate), so change ``i`` happens at ``start_time_ms + floor(i * clock_step_ms)``: a steady source
             rate, e.g. to pace a producer at event time. ``None``: the irregular default clock.
@@ -154,6 +157,7 @@ class HistoryConfig:
     oracle_tables: int = 0
     extra_columns: int = 0
     clock_step_ms: float | None = None
+    key_update_ratio: float = 0.0
 
     def validate(self) -> None:
         """Raises ``ValueError`` if the configuration is inconsistent."""
@@ -168,7 +172,7 @@ class HistoryConfig:
             raise ValueError("HistoryConfig.clock_step_ms must be within [0, 86400000] (or None)")
         if self.keyless_tables > self.tables:
             raise ValueError("HistoryConfig.keyless_tables must be <= tables")
-        for name in ("update_ratio", "delete_ratio", "null_ratio"):
+        for name in ("update_ratio", "delete_ratio", "null_ratio", "key_update_ratio"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"HistoryConfig.{name} must be within [0, 1]")
         if self.update_ratio + self.delete_ratio > 1.0:
@@ -758,9 +762,33 @@ class _Generator:
                 after[col.name] = None
             else:
                 after[col.name] = _different_value(self.rng, col.kind, before[col.name])
-        st.rows[identity] = after
-        row_id = st.row_ids.get(identity) if st.keyed else identity
+        new_key = self._moved_key(st)
+        if new_key is None:
+            st.rows[identity] = after
+            row_id = st.row_ids.get(identity) if st.keyed else identity
+        else:
+            # A primary-key update: the same physical row (its row id moves with it) under a key no row holds.
+            for name in st.spec.primary_key:
+                after[name] = new_key
+            st.remove(identity)
+            st.add(new_key, after)
+            st.freed_keys.append(identity)
+            row_id = st.row_ids.pop(identity, None)
+            if row_id is not None:
+                st.row_ids[new_key] = row_id
         self._emit("UPDATE", st, before, after, row_id)
+
+    def _moved_key(self, st: _TableState) -> int | None:
+        """A key no row holds, for an UPDATE that changes the row's primary key (``key_update_ratio``); None for
+        an UPDATE that keeps it."""
+        if not st.keyed or self.cfg.key_update_ratio <= 0.0 or self.rng.random() >= self.cfg.key_update_ratio:
+            return None
+        pool = st.freed_keys if st.freed_keys and (not st.fresh_keys or self.rng.random() < 0.5) else st.fresh_keys
+        if not pool:
+            return None
+        index = self.rng.randrange(len(pool))
+        pool[index], pool[-1] = pool[-1], pool[index]
+        return pool.pop()
 
     def _delete(self, st: _TableState) -> None:
         identity = st.pick(self.rng)
