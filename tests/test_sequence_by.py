@@ -22,7 +22,7 @@ from cdclake.sinks.delta import OP_COLUMN
 from cdclake.sinks.history import IS_CURRENT_COLUMN, ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN
 from cdclake.spark import local_frame
 from tests.e2e.helpers import history_table, lake_reader, scd2_reader
-from tests.test_ddl import row_message
+from tests.test_ddl import ddl_message, row_message
 
 pytestmark = pytest.mark.spark
 
@@ -440,3 +440,52 @@ def test_a_null_version_sorts_before_every_value(spark, tmp_path: Path) -> None:
         chains.setdefault(row["ID"], []).append((row["VERSION"], row[IS_CURRENT_COLUMN]))
     # The change to NULL is older than version 5: it goes before it in the key's history.
     assert chains == {1: [(None, False), (1, True)], 2: [(None, False), (2, True)], 3: [(None, False), (5, True)]}
+
+
+@pytest.mark.parametrize(
+    ("table_format", "batch_lines"), [("delta", 1), ("iceberg", 100)], ids=["delta-one-per-batch", "iceberg-one-batch"]
+)
+def test_rows_a_rename_moves_into_a_table_ordered_otherwise_take_its_ordering(
+    spark, tmp_path: Path, table_format: str, batch_lines: int
+) -> None:
+    """A cut-over as online schema change tools make it (here without ``ddl.online_schema_change``): the copy table
+    (no ``sequence_by``, ordered by the log) becomes ``crm.orders`` (ordered by ``version``). Its rows moved with
+    their bare positions, which compared as text with ``version|position`` orders: the next update of a moved row
+    was dropped as older, without a word. Now a moved row's order is converted to the ordering of the table it moves
+    into (``apply.reordered``), both ways (``orders``' own rows move to ``orders_old``, ordered by the log)."""
+    ddl = "RENAME TABLE `crm`.`orders` TO `crm`.`orders_old`, `crm`.`orders_copy` TO `crm`.`orders`"
+    lines = [
+        row_message("INSERT", "orders", [{"id": "1", "version": "5", "v": "a"}], TYPES),
+        row_message(
+            "INSERT",
+            "orders_copy",
+            [{"id": "1", "version": "5", "v": "a"}, {"id": "2", "version": "7", "v": "b"}],
+            TYPES,
+        ),
+        ddl_message("orders", ddl, "RENAME"),
+        row_message("UPDATE", "orders", [{"id": "1", "version": "6", "v": "new"}], TYPES, old=[{"version": "5"}]),
+        # an older version: sequence_by passes it over
+        row_message("UPDATE", "orders", [{"id": "2", "version": "3", "v": "older"}], TYPES, old=[{"version": "7"}]),
+        # ordered by the log: the later change wins whatever its version
+        row_message("UPDATE", "orders_old", [{"id": "1", "version": "4", "v": "log"}], TYPES, old=[{"version": "5"}]),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    results = replay(
+        spark,
+        lake=lake,
+        format_name="canal-json",
+        paths=[str(capture)],
+        batch_lines=batch_lines,
+        sequence_by={"crm.orders": "version"},
+        table_format=table_format,
+    )
+    assert sum(r.dead_letters for r in results) == 0
+
+    def rows(table: str) -> list[tuple[int, int, str]]:
+        stored = lake_reader(spark, table_format)(f"{lake}/crm/{table}")
+        return sorted((row["id"], row["version"], row["v"]) for row in stored)
+
+    assert rows("orders") == [(1, 6, "new"), (2, 7, "b")]
+    assert rows("orders_old") == [(1, 4, "log")]

@@ -110,6 +110,21 @@ def log_order(order: Column) -> Column:
     return F.substring_index(order, SEQUENCE_SEPARATOR, -1)
 
 
+def reordered(order: Column, sequence_value: Column | None, spark_type: str = "string") -> Column:
+    """A stored row ``order`` in another ordering of its rows: the rows of a renamed table moving into a lake table
+    whose rows are ordered otherwise (``sequence_by`` names the old name and the new one differently, as when an
+    online schema change tool's ghost table becomes the table). ``sequence_value`` None: the format's position, the
+    log part of the order alone (:func:`log_order`). Otherwise the key of the row's ``sequence_value`` (canonical
+    text of ``spark_type``; NULL's key for NULL), ``|`` and that log part, as :func:`sequenced` orders a change that
+    brings the row. Left as they were, such orders compared as text with the other ordering's: a later change of
+    the row was dropped as older, or an older one applied, without a word."""
+    position = log_order(order)
+    if sequence_value is None:
+        return position
+    key = F.coalesce(sequence_key(sequence_value, F.lit(spark_type)), F.lit(NULL_SEQUENCE_KEY))
+    return F.concat(key, F.lit(SEQUENCE_SEPARATOR), position)
+
+
 _INTEGRAL_TYPES: Final = ("tinyint", "smallint", "int", "bigint", "timestamp")
 _SEQUENCE_COLUMN: Final = "_sequence_by_column"
 

@@ -2,11 +2,11 @@
 micro-batch split, ends as the source truth, cell by cell.
 
 Hypothesis draws the format (every registered renderer), the history (keys, update/delete mix, NULLs, key-less
-tables, truncates, added columns), the traps (failover re-sends, malformed messages, transactions, partial
-images, heartbeats) and the batch size. The renderers are written from the specs, independently of the decoders;
-the lake is read back by delta-rs and compared with the history's truth after the format's documented limits
-(``RenderedStream.expected``). In CI the examples are derandomised, so a red build is reproducible; locally each
-run draws new ones (``CDCLAKE_PROPERTY_EXAMPLES`` sets how many).
+tables, truncates, added columns, primary-key updates), the traps (failover re-sends, malformed messages,
+transactions, partial images, heartbeats) and the batch size. The renderers are written from the specs,
+independently of the decoders; the lake is read back by delta-rs and compared with the history's truth after the
+format's documented limits (``RenderedStream.expected``). In CI the examples are derandomised, so a red build is
+reproducible; locally each run draws new ones (``CDCLAKE_PROPERTY_EXAMPLES`` sets how many).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ histories = st.builds(
     truncates=st.integers(0, 1),
     added_columns=st.integers(0, 2),
     oracle_tables=st.integers(0, 1),
+    key_update_ratio=st.sampled_from([0.0, 0.0, 0.2, 0.5]),
 ).filter(lambda config: config.keyless_tables <= config.tables)
 
 shapes = st.builds(

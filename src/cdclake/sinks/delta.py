@@ -1122,7 +1122,7 @@ class DeltaSink:
         txn: Txn | None,
     ) -> None:
         """Replaces the rows of ``target`` with those of ``source`` (a renamed table), once per ``txn``."""
-        rows = self.spark.read.format("delta").load(self.table_path(*source))
+        rows = self.in_recorded_order(self.spark.read.format("delta").load(self.table_path(*source)), source, target)
         target_path = self.table_path(*target)
         # The target keeps its partitioning (created for the new name: ensure_table).
         kept = on_columns(self._partitioning(target_path), rows.columns)
@@ -1131,6 +1131,35 @@ class DeltaSink:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
         self._committing(target_path, "copy", lambda: writer.save(target_path))
         self._columns.pop(target_path, None)
+
+    def in_recorded_order(
+        self,
+        rows: DataFrame,
+        source: tuple[str | None, str | None, str],
+        target: tuple[str | None, str | None, str],
+    ) -> DataFrame:
+        """``rows`` of the lake table ``source`` with their orders in the ordering ``target`` records
+        (:data:`SEQUENCE_BY_PROPERTY`; :func:`cdclake.apply.reordered`), for :meth:`copy_rows`. As they were when
+        either table does not record one, or both record the same. A ``sequence_by`` column the rows lack is NULL
+        in every row (a NULL's order, before every value)."""
+        moved_from, into = self.recorded_ordering(*source), self.recorded_ordering(*target)
+        if moved_from is None or into is None or moved_from == into:
+            return rows
+        log.info(
+            "the rows of %s move into %s, whose rows are ordered by %s, not by %s: their orders are converted",
+            ".".join(p for p in source if p),
+            ".".join(p for p in target if p),
+            f"column {into}" if into else "the format's position",
+            f"column {moved_from}" if moved_from else "the format's position",
+        )
+        if not into:
+            return rows.withColumn(POSITION_COLUMN, apply.reordered(F.col(POSITION_COLUMN), None))
+        column = next((f for f in rows.schema.fields if f.name.lower() == into), None)
+        value, spark_type = F.lit(None).cast("string"), "string"
+        if column is not None:
+            spark_type = column.dataType.simpleString()
+            value = model.canonical_text(F.col(quote(column.name)), spark_type)
+        return rows.withColumn(POSITION_COLUMN, apply.reordered(F.col(POSITION_COLUMN), value, spark_type))
 
     def clear(self, plan: TablePlan, txn: Txn | None) -> None:
         """Deletes every row written before ``plan.truncate_order`` and remembers it (a dropped or truncated table):

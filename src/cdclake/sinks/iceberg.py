@@ -442,7 +442,7 @@ class IcebergSink(DeltaSink):
             txn,
             "copy",
             lambda: (
-                self.read(source[0], source[2], source[1])
+                self.in_recorded_order(self.read(source[0], source[2], source[1]), source, target)
                 .writeTo(self._identifier_of(target_path))
                 .overwrite(F.lit(True))
             ),
