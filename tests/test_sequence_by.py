@@ -443,16 +443,23 @@ def test_a_null_version_sorts_before_every_value(spark, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("table_format", "batch_lines"), [("delta", 1), ("iceberg", 100)], ids=["delta-one-per-batch", "iceberg-one-batch"]
+    ("table_format", "batch_lines", "sequence_by"),
+    [("delta", 1, {"crm.orders": "version"}), ("iceberg", 100, {"crm.*": "version"})],
+    ids=["delta-one-per-batch-only-orders-by-version", "iceberg-one-batch-both-by-version"],
 )
-def test_rows_a_rename_moves_into_a_table_ordered_otherwise_take_its_ordering(
-    spark, tmp_path: Path, table_format: str, batch_lines: int
+def test_rows_a_rename_moves_keep_their_order_in_the_table_and_its_history(
+    spark, tmp_path: Path, table_format: str, batch_lines: int, sequence_by: dict[str, str]
 ) -> None:
     """A cut-over as online schema change tools make it (here without ``ddl.online_schema_change``): the copy table
-    (no ``sequence_by``, ordered by the log) becomes ``crm.orders`` (ordered by ``version``). Its rows moved with
-    their bare positions, which compared as text with ``version|position`` orders: the next update of a moved row
-    was dropped as older, without a word. Now a moved row's order is converted to the ordering of the table it moves
-    into (``apply.reordered``), both ways (``orders``' own rows move to ``orders_old``, ordered by the log)."""
+    becomes ``crm.orders`` (ordered by ``version``), whose rows move to ``orders_old``.
+
+    * Lake table: with only ``orders`` ordered by ``version``, the copy table's rows moved with their bare positions,
+      which compared as text with ``version|position`` orders: the next update of a moved row was dropped as older,
+      without a word. Now a moved row's order is converted to the ordering of the table it moves into
+      (``apply.reordered``), both ways (``orders``' rows into ``orders_old``, ordered by the log).
+    * SCD2 table: the moved rows' versions started at the statement's bare position, and the truncate at that
+      position closed them (it came after them in its epoch): the lake held ``(2, 7)`` and the SCD2 table's live
+      version was the older update ``(2, 3)``. Now they are ordered as the lake rows, after the truncate."""
     ddl = "RENAME TABLE `crm`.`orders` TO `crm`.`orders_old`, `crm`.`orders_copy` TO `crm`.`orders`"
     lines = [
         row_message("INSERT", "orders", [{"id": "1", "version": "5", "v": "a"}], TYPES),
@@ -466,7 +473,7 @@ def test_rows_a_rename_moves_into_a_table_ordered_otherwise_take_its_ordering(
         row_message("UPDATE", "orders", [{"id": "1", "version": "6", "v": "new"}], TYPES, old=[{"version": "5"}]),
         # an older version: sequence_by passes it over
         row_message("UPDATE", "orders", [{"id": "2", "version": "3", "v": "older"}], TYPES, old=[{"version": "7"}]),
-        # ordered by the log: the later change wins whatever its version
+        # a lower version: applied where the log orders the table, passed over where the version does
         row_message("UPDATE", "orders_old", [{"id": "1", "version": "4", "v": "log"}], TYPES, old=[{"version": "5"}]),
     ]
     capture = tmp_path / "capture.jsonl"
@@ -478,14 +485,17 @@ def test_rows_a_rename_moves_into_a_table_ordered_otherwise_take_its_ordering(
         format_name="canal-json",
         paths=[str(capture)],
         batch_lines=batch_lines,
-        sequence_by={"crm.orders": "version"},
+        sequence_by=sequence_by,
         table_format=table_format,
+        scd2=True,
     )
     assert sum(r.dead_letters for r in results) == 0
 
-    def rows(table: str) -> list[tuple[int, int, str]]:
-        stored = lake_reader(spark, table_format)(f"{lake}/crm/{table}")
-        return sorted((row["id"], row["version"], row["v"]) for row in stored)
+    def rows(read: Callable[[str], list[dict[str, Any]]], table: str) -> list[tuple[int, int, str]]:
+        return sorted((row["id"], row["version"], row["v"]) for row in read(f"{lake}/crm/{table}"))
 
-    assert rows("orders") == [(1, 6, "new"), (2, 7, "b")]
-    assert rows("orders_old") == [(1, 4, "log")]
+    lake_rows, live_versions = lake_reader(spark, table_format), scd2_reader(spark, lake, table_format)
+    assert rows(lake_rows, "orders") == [(1, 6, "new"), (2, 7, "b")]
+    assert rows(lake_rows, "orders_old") == [(1, 4, "log") if "crm.*" not in sequence_by else (1, 5, "a")]
+    for table in ("orders", "orders_old"):
+        assert rows(live_versions, table) == rows(lake_rows, table), table

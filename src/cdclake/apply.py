@@ -110,18 +110,28 @@ def log_order(order: Column) -> Column:
     return F.substring_index(order, SEQUENCE_SEPARATOR, -1)
 
 
-def reordered(order: Column, sequence_value: Column | None, spark_type: str = "string") -> Column:
-    """A stored row ``order`` in another ordering of its rows: the rows of a renamed table moving into a lake table
-    whose rows are ordered otherwise (``sequence_by`` names the old name and the new one differently, as when an
-    online schema change tool's ghost table becomes the table). ``sequence_value`` None: the format's position, the
-    log part of the order alone (:func:`log_order`). Otherwise the key of the row's ``sequence_value`` (canonical
-    text of ``spark_type``; NULL's key for NULL), ``|`` and that log part, as :func:`sequenced` orders a change that
-    brings the row. Left as they were, such orders compared as text with the other ordering's: a later change of
-    the row was dropped as older, or an older one applied, without a word."""
+def reordered(
+    order: Column, ordering: str, columns: Sequence[tuple[str, str]], value_of: Callable[[str], Column]
+) -> Column:
+    """A row's ``order`` in the ``ordering`` its lake table records (``cdclake.sequenceBy``: the lower-case column, or
+    empty for the format's position), for rows that move into a table ordered otherwise than the one they were
+    ordered in: a renamed table's rows (``RENAME TABLE``, as an online schema change's cut-over makes the copy table
+    the table), and the versions that start there in the new name's SCD2 table. Left as they were, such orders
+    compared as text with the other ordering's: the next change of a moved row was dropped as older, or an older
+    one applied, without a word.
+
+    For the format's position: the log part of the order alone (:func:`log_order`). For a column: the key of the
+    row's value (``value_of(name)``: the typed value of one of the row's ``columns``, name and Spark type; NULL's
+    key when the row lacks the column), ``|`` and that log part, as :func:`sequenced` orders a change that brings
+    the row."""
     position = log_order(order)
-    if sequence_value is None:
+    if not ordering:
         return position
-    key = F.coalesce(sequence_key(sequence_value, F.lit(spark_type)), F.lit(NULL_SEQUENCE_KEY))
+    found = next(((name, spark_type) for name, spark_type in columns if name.lower() == ordering), None)
+    value, spark_type = F.lit(None).cast("string"), "string"
+    if found is not None:
+        value, spark_type = model.canonical_text(value_of(found[0]), found[1]), found[1]
+    key = F.coalesce(sequence_key(value, F.lit(spark_type)), F.lit(NULL_SEQUENCE_KEY))
     return F.concat(key, F.lit(SEQUENCE_SEPARATOR), position)
 
 

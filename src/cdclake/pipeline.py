@@ -913,7 +913,16 @@ class Pipeline:
             F.struct(*(F.col(quote(column)) for column, _ in columns)).alias("_row")
         )
         keys = self.sink.key_columns(*ident)
+        # Ordered as the lake rows are now (DeltaSink.in_recorded_order): a version of a table ordered by a column
+        # starts at the statement's position after the key of its value, where the row's next change compares.
+        ordering = self.sink.recorded_ordering(*ident) or ""
         replaced = {
+            model.POSITION: apply.reordered(
+                F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET))),
+                ordering,
+                columns,
+                lambda column: F.col(f"_row.{quote(column)}"),
+            ),
             model.OP: F.lit(Op.UPSERT.value),
             model.DATABASE: F.lit(name.database).cast("string"),
             model.SCHEMA: F.lit(name.schema).cast("string"),

@@ -1139,9 +1139,8 @@ class DeltaSink:
         target: tuple[str | None, str | None, str],
     ) -> DataFrame:
         """``rows`` of the lake table ``source`` with their orders in the ordering ``target`` records
-        (:data:`SEQUENCE_BY_PROPERTY`; :func:`cdclake.apply.reordered`), for :meth:`copy_rows`. As they were when
-        either table does not record one, or both record the same. A ``sequence_by`` column the rows lack is NULL
-        in every row (a NULL's order, before every value)."""
+        (:data:`SEQUENCE_BY_PROPERTY`; :func:`cdclake.apply.reordered`), for :meth:`copy_rows`: they are all it
+        holds from then on. As they were when either table does not record one, or both record the same."""
         moved_from, into = self.recorded_ordering(*source), self.recorded_ordering(*target)
         if moved_from is None or into is None or moved_from == into:
             return rows
@@ -1152,14 +1151,9 @@ class DeltaSink:
             f"column {into}" if into else "the format's position",
             f"column {moved_from}" if moved_from else "the format's position",
         )
-        if not into:
-            return rows.withColumn(POSITION_COLUMN, apply.reordered(F.col(POSITION_COLUMN), None))
-        column = next((f for f in rows.schema.fields if f.name.lower() == into), None)
-        value, spark_type = F.lit(None).cast("string"), "string"
-        if column is not None:
-            spark_type = column.dataType.simpleString()
-            value = model.canonical_text(F.col(quote(column.name)), spark_type)
-        return rows.withColumn(POSITION_COLUMN, apply.reordered(F.col(POSITION_COLUMN), value, spark_type))
+        columns = [(f.name, f.dataType.simpleString()) for f in rows.schema.fields]
+        order = apply.reordered(F.col(POSITION_COLUMN), into, columns, lambda name: F.col(quote(name)))
+        return rows.withColumn(POSITION_COLUMN, order)
 
     def clear(self, plan: TablePlan, txn: Txn | None) -> None:
         """Deletes every row written before ``plan.truncate_order`` and remembers it (a dropped or truncated table):

@@ -175,10 +175,15 @@ def _placed(chain_part: DataFrame, truncate_positions: Sequence[str]) -> DataFra
     if not truncate_positions:
         return chain_part.select("*", F.lit(0).alias("_epoch"), F.lit(0).alias("_tail"))
     staged = chain_part.select("*", apply.log_order(F.col("_order")).alias("_log"))
-    log = F.col("_log")
-    before = F.filter(F.array(*(F.lit(position) for position in truncate_positions)), lambda t: t < log)
-    tail = F.when(F.col("_kind") == TRUNCATE, 1).otherwise(0)
-    return staged.select("*", F.size(before).alias("_epoch"), tail.alias("_tail")).drop("_log")
+    log, positions = F.col("_log"), F.array(*(F.lit(position) for position in truncate_positions))
+    is_truncate = F.col("_kind") == TRUNCATE
+    # A row change at a truncate's own position comes after it, as in the lake table (whose DELETE keeps the rows
+    # at the truncate's position): the rows a RENAME TABLE moves into a table, versions at the statement's position.
+    epoch = F.when(is_truncate, F.size(F.filter(positions, lambda t: t < log))).otherwise(
+        F.size(F.filter(positions, lambda t: t <= log))
+    )
+    tail = F.when(is_truncate, 1).otherwise(0)
+    return staged.select("*", epoch.alias("_epoch"), tail.alias("_tail")).drop("_log")
 
 
 def _typed(spark_type: str) -> DataType:
