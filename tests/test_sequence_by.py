@@ -27,6 +27,7 @@ from tests.test_ddl import ddl_message, row_message
 pytestmark = pytest.mark.spark
 
 TYPES = {"id": "bigint(20)", "version": "bigint(20)", "v": "varchar(8)"}
+NOTES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 
 def messages() -> list[str]:
@@ -459,7 +460,9 @@ def test_rows_a_rename_moves_keep_their_order_in_the_table_and_its_history(
       (``apply.reordered``), both ways (``orders``' rows into ``orders_old``, ordered by the log).
     * SCD2 table: the moved rows' versions started at the statement's bare position, and the truncate at that
       position closed them (it came after them in its epoch): the lake held ``(2, 7)`` and the SCD2 table's live
-      version was the older update ``(2, 3)``. Now they are ordered as the lake rows, after the truncate."""
+      version was the older update ``(2, 3)``. Now they are ordered as the lake rows, after the truncate.
+    * A table a pattern orders by a column it lacks keeps the log's order; renamed, its new lake table recorded the
+      column, so its next update was a dead letter ("ordered otherwise"). Now it records the log's order."""
     ddl = "RENAME TABLE `crm`.`orders` TO `crm`.`orders_old`, `crm`.`orders_copy` TO `crm`.`orders`"
     lines = [
         row_message("INSERT", "orders", [{"id": "1", "version": "5", "v": "a"}], TYPES),
@@ -475,6 +478,10 @@ def test_rows_a_rename_moves_keep_their_order_in_the_table_and_its_history(
         row_message("UPDATE", "orders", [{"id": "2", "version": "3", "v": "older"}], TYPES, old=[{"version": "7"}]),
         # a lower version: applied where the log orders the table, passed over where the version does
         row_message("UPDATE", "orders_old", [{"id": "1", "version": "4", "v": "log"}], TYPES, old=[{"version": "5"}]),
+        # a table without the column: through a pattern it keeps the log's order, under its new name too
+        row_message("INSERT", "notes", [{"id": "1", "v": "a"}], NOTES),
+        ddl_message("notes", "RENAME TABLE `crm`.`notes` TO `crm`.`notes_new`", "RENAME"),
+        row_message("UPDATE", "notes_new", [{"id": "1", "v": "b"}], NOTES, old=[{"v": "a"}]),
     ]
     capture = tmp_path / "capture.jsonl"
     capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -499,3 +506,4 @@ def test_rows_a_rename_moves_keep_their_order_in_the_table_and_its_history(
     assert rows(lake_rows, "orders_old") == [(1, 4, "log") if "crm.*" not in sequence_by else (1, 5, "a")]
     for table in ("orders", "orders_old"):
         assert rows(live_versions, table) == rows(lake_rows, table), table
+    assert [(row["id"], row["v"]) for row in lake_rows(f"{lake}/crm/notes_new")] == [(1, "b")]

@@ -48,7 +48,7 @@ from cdclake.exceptions import TerminalError
 from cdclake.model import Op
 from cdclake.sinks.delta import DeltaSink, Txn, quote
 from cdclake.spark import valueless_as
-from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter
+from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, is_pattern
 
 log = logging.getLogger(__name__)
 
@@ -406,6 +406,8 @@ class SchemaEvolution:
                 plan = self._plan(change.new_table, None)
                 plan.columns = list(columns)
                 plan.key_columns = sink.key_columns(*ident)
+                if self._keeps_position(plan):
+                    plan.sequence_column = None
                 sink.ensure_table(plan)
             sink.copy_rows(ident, target, txn)
             sink.clear(self._plan(change.table, order), None if txn is None else Txn(f"{txn.app_id}/old", txn.version))
@@ -540,6 +542,15 @@ class SchemaEvolution:
                     f"column {read[0]} is read by CHECK constraint {constraint} ({condition}) of the lake table; "
                     f"drop the constraint (ALTER TABLE ... DROP CONSTRAINT {constraint}), then replay this dead letter"
                 )
+
+    def _keeps_position(self, plan: apply.TablePlan) -> bool:
+        """Whether ``plan``'s table is one a ``sequence_by`` pattern names a column it lacks: it keeps the format's
+        order (``Pipeline._in_position_order``), and a lake table created for it with rows records that ordering
+        (recorded as the column, its next row changes would be refused as ordered otherwise)."""
+        entry = self.sequence_by.entry_for(plan.database, plan.schema, plan.table)
+        if entry is None or not is_pattern(entry[0]):
+            return False
+        return entry[1].lower() not in {name.lower() for name, _ in plan.columns}
 
     def _plan(self, table: TableName, order: str | None) -> apply.TablePlan:
         return apply.TablePlan(
