@@ -71,9 +71,14 @@ def split_table_id(value: str) -> tuple[str | None, str | None, str]:
     return database or None, schema or None, table
 
 
+def event_position() -> Column:
+    """Each event's position: the format's, or the Kafka fallback (:func:`cdclake.model.kafka_position`)."""
+    return F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
+
+
 def effective_order(events: DataFrame) -> Column:
     """The ``order`` of each event: position (or the Kafka fallback) and the split-update half."""
-    position = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
+    position = event_position()
     first_half = (F.col(model.OP) == Op.UPDATE) & F.col(model.AFTER).isNull()
     return F.concat(position, F.when(first_half, F.lit("/0")).otherwise(F.lit("/1")))
 
@@ -301,7 +306,7 @@ def sequenced(events: DataFrame, sequence_by: Mapping[str, str]) -> DataFrame:
     value = F.when(F.map_contains_key(after, column), after[column]).otherwise(before[column])
     declared = F.get(F.filter(F.col(model.COLUMNS), lambda c: F.lower(c["name"]) == column), 0)["spark_type"]
     key = sequence_key(value, declared)
-    base = F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET)))
+    base = event_position()
     rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS)) & column.isNotNull()
     return events.withColumn(
         model.POSITION,
@@ -583,11 +588,6 @@ def _overlaid(image: Column, on_top: Column) -> Column:
     return F.map_concat(F.map_filter(image, lambda k, _v: ~F.map_contains_key(on_top, k)), on_top)
 
 
-def _quoted(name: str) -> str:
-    """A column name for ``F.col``, whatever characters it holds (names come from messages)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def fold(changes: DataFrame) -> DataFrame:
     """One change per (table_id, row_key): the changes of a key applied in order.
 
@@ -788,12 +788,9 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
         def stored_rows(prefix: str) -> DataFrame:
             assert stored.rows is not None
             return stored.rows.select(
-                *(F.col(_quoted(name)).alias(f"{prefix}_k{i}") for i, (name, _) in enumerate(keyed)),
-                comparable_order(F.col(_quoted(stored.order_column))).alias(f"{prefix}_order"),
-                F.map_from_arrays(
-                    F.array(*(F.lit(name) for name, _ in stored.columns)),
-                    F.array(*(model.canonical_text(F.col(_quoted(name)), t) for name, t in stored.columns)),
-                ).alias(f"{prefix}_image"),
+                *(F.col(model.quote(name)).alias(f"{prefix}_k{i}") for i, (name, _) in enumerate(keyed)),
+                comparable_order(F.col(model.quote(stored.order_column))).alias(f"{prefix}_order"),
+                model.canonical_image(stored.columns, lambda name: F.col(model.quote(name))).alias(f"{prefix}_image"),
             )
 
         def on_key(prefix: str, key: Column) -> Column:

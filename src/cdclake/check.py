@@ -31,7 +31,6 @@ from cdclake.pipeline import (
     Pipeline,
     PipelineSettings,
     ordering_changed_problem,
-    sequence_by_problem,
     unknown_keys_problem,
     unordered_change_problem,
 )
@@ -40,7 +39,7 @@ from cdclake.sinks.delta import DeltaSink
 from cdclake.sinks.partitioning import described, missing_columns
 from cdclake.sources import kafka
 from cdclake.sources.files import InputEncoding, check_files, read_file
-from cdclake.tables import PerTable
+from cdclake.tables import PerTable, sequence_by_problem
 
 
 @dataclass(frozen=True)

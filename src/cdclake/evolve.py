@@ -45,10 +45,10 @@ from cdclake import apply, model
 from cdclake.constraints import columns_used
 from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid_name, parse_ddl, widened
 from cdclake.exceptions import TerminalError
-from cdclake.model import Op
-from cdclake.sinks.delta import DeltaSink, Txn, quote
+from cdclake.model import Op, quote
+from cdclake.sinks.delta import DeltaSink, Txn
 from cdclake.spark import valueless_as
-from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, is_pattern
+from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, sequence_by_problem
 
 log = logging.getLogger(__name__)
 
@@ -547,10 +547,9 @@ class SchemaEvolution:
         """Whether ``plan``'s table is one a ``sequence_by`` pattern names a column it lacks: it keeps the format's
         order (``Pipeline._in_position_order``), and a lake table created for it with rows records that ordering
         (recorded as the column, its next row changes would be refused as ordered otherwise)."""
-        entry = self.sequence_by.entry_for(plan.database, plan.schema, plan.table)
-        if entry is None or not is_pattern(entry[0]):
-            return False
-        return entry[1].lower() not in {name.lower() for name, _ in plan.columns}
+        ident = (plan.database, plan.schema, plan.table)
+        problem = sequence_by_problem(dict(self.sequence_by.entries), ident, [name for name, _ in plan.columns])
+        return problem is not None and problem.warning_only
 
     def _plan(self, table: TableName, order: str | None) -> apply.TablePlan:
         return apply.TablePlan(

@@ -30,6 +30,7 @@ This module imports nothing from the rest of cdclake and knows no sink, source o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Final
 
@@ -239,6 +240,12 @@ def typed_value(text: Column, spark_type: str) -> Column:
     return text.try_cast(spark_type)
 
 
+def quote(identifier: str) -> str:
+    """Backtick-quotes an identifier for Spark SQL text or ``F.col`` (backticks inside are doubled): names come from
+    messages."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
 def canonical_text(value: Column, spark_type: str) -> Column:
     """The inverse of :func:`typed_value`: a typed column as canonical text (a row that is already typed, such as a
     lake table's, becoming an event again). ``typed_value(canonical_text(v, t), t)`` is ``v``.
@@ -255,6 +262,15 @@ def canonical_text(value: Column, spark_type: str) -> Column:
     # Spark casts decimals to plain text (no exponent), doubles to its own cast syntax, dates to yyyy-MM-dd and
     # wall-clock timestamps to yyyy-MM-dd HH:mm:ss[.ffffff]: each is the canonical text of its type.
     return value.cast("string")
+
+
+def canonical_image(columns: Sequence[tuple[str, str]], value_of: Callable[[str], Column]) -> Column:
+    """A typed row as an image: each of ``columns`` (name, Spark type) -> its value (``value_of(name)``) as
+    canonical text (:func:`canonical_text`)."""
+    return F.map_from_arrays(
+        F.array(*(F.lit(name) for name, _ in columns)),
+        F.array(*(canonical_text(value_of(name), spark_type) for name, spark_type in columns)),
+    )
 
 
 # The order text_is_valid tests the declared type in: the most common types first, then the rest. A CASE tests its

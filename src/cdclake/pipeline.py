@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Final, NamedTuple, TypeVar
+from typing import Final, TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -64,9 +64,9 @@ from cdclake.formats.base import (
     not_decoded,
     unique_metadata,
 )
-from cdclake.model import Op
+from cdclake.model import Op, quote
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
-from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, quote, turn_marker
+from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.spark import (
     avro_limit_options,
@@ -78,7 +78,13 @@ from cdclake.spark import (
     release_stored_inputs,
     session_settings,
 )
-from cdclake.tables import OnlineSchemaChange, PerTable, TableFilter, TableRoutes, is_pattern
+from cdclake.tables import (
+    OnlineSchemaChange,
+    PerTable,
+    TableFilter,
+    TableRoutes,
+    sequence_by_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -905,10 +911,11 @@ class Pipeline:
         columns = self.sink.columns(*ident)
         if columns is None:
             return None
-        image = F.map_from_arrays(
-            F.array(*(F.lit(column) for column, _ in columns)),
-            F.array(*(model.canonical_text(F.col(f"_row.{quote(column)}"), t) for column, t in columns)),
-        )
+
+        def value_of(column: str) -> Column:
+            return F.col(f"_row.{quote(column)}")
+
+        image = model.canonical_image(columns, value_of)
         rows = self.sink.read(name.database, name.table, name.schema).select(
             F.struct(*(F.col(quote(column)) for column, _ in columns)).alias("_row")
         )
@@ -917,12 +924,7 @@ class Pipeline:
         # starts at the statement's position after the key of its value, where the row's next change compares.
         ordering = self.sink.recorded_ordering(*ident) or ""
         replaced = {
-            model.POSITION: apply.reordered(
-                F.coalesce(F.col(model.POSITION), model.kafka_position(F.col(model.PARTITION), F.col(model.OFFSET))),
-                ordering,
-                columns,
-                lambda column: F.col(f"_row.{quote(column)}"),
-            ),
+            model.POSITION: apply.reordered(apply.event_position(), ordering, columns, value_of),
             model.OP: F.lit(Op.UPSERT.value),
             model.DATABASE: F.lit(name.database).cast("string"),
             model.SCHEMA: F.lit(name.schema).cast("string"),
@@ -1748,32 +1750,6 @@ def unordered_change_problem(column: str, ident: tuple[str | None, str | None, s
         "full images (OGG: NOCOMPRESSUPDATES, NOCOMPRESSDELETES, GETUPDATEBEFORES) or leave the table to the "
         "format's position"
     )
-
-
-class SequenceByProblem(NamedTuple):
-    """Why a table's changes cannot be ordered by its ``sequence_by`` column (:func:`sequence_by_problem`)."""
-
-    text: str
-    warning_only: bool
-    """A pattern gave the column (it may match tables without it): the table keeps the format's order, and that is
-    only worth a warning. Otherwise the table's row events are dead letters."""
-
-
-def sequence_by_problem(
-    sequence_by: Mapping[str, str], ident: tuple[str | None, str | None, str], columns: Sequence[str]
-) -> SequenceByProblem | None:
-    """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None: the table has no such
-    column among ``columns`` (in any case, as ``apply.sequenced`` reads it), so every change would sort as NULL, by
-    the format's position instead, and nothing would say so."""
-    entry = PerTable.of(sequence_by).entry_for(*ident)
-    if entry is None or entry[1].lower() in {name.lower() for name in columns}:
-        return None
-    setting, column = entry
-    if is_pattern(setting):
-        text = f"sequence_by pattern {setting}: {_table_name(ident)} has no column {column}; keeping its position"
-        return SequenceByProblem(text, warning_only=True)
-    text = f"sequence_by column {column} is not a column of {_table_name(ident)}: fix the `sequence_by` setting"
-    return SequenceByProblem(text, warning_only=False)
 
 
 def ordering_changed_problem(

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, NamedTuple, TypeVar
 
 
 def table_names(database: str | None, schema: str | None, table: str) -> set[str]:
@@ -314,3 +314,30 @@ class OnlineSchemaChange:
 
     def is_helper(self, table: str | None) -> bool:
         return table is not None and (self.ghost_of(table) is not None or self.trash_of(table) is not None)
+
+
+class SequenceByProblem(NamedTuple):
+    """Why a table's changes cannot be ordered by its ``sequence_by`` column (:func:`sequence_by_problem`)."""
+
+    text: str
+    warning_only: bool
+    """A pattern gave the column (it may match tables without it): the table keeps the format's order, and that is
+    only worth a warning. Otherwise the table's row events are dead letters."""
+
+
+def sequence_by_problem(
+    sequence_by: Mapping[str, str], ident: tuple[str | None, str | None, str], columns: Sequence[str]
+) -> SequenceByProblem | None:
+    """Why the table's changes cannot be ordered by its ``sequence_by`` column, or None: the table has no such
+    column among ``columns`` (in any case, as ``apply.sequenced`` reads it), so every change would sort as NULL, by
+    the format's position instead, and nothing would say so."""
+    entry = PerTable.of(sequence_by).entry_for(*ident)
+    if entry is None or entry[1].lower() in {name.lower() for name in columns}:
+        return None
+    setting, column = entry
+    name = ".".join(part for part in ident if part)
+    if is_pattern(setting):
+        text = f"sequence_by pattern {setting}: {name} has no column {column}; keeping its position"
+        return SequenceByProblem(text, warning_only=True)
+    text = f"sequence_by column {column} is not a column of {name}: fix the `sequence_by` setting"
+    return SequenceByProblem(text, warning_only=False)

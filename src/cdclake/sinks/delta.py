@@ -46,6 +46,7 @@ from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.config import absolute_location
 from cdclake.exceptions import ConfigError, ConstraintViolationError
+from cdclake.model import quote
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
 from cdclake.sinks.partitioning import (
     PartitionField,
@@ -166,11 +167,6 @@ def _stats_columns(
 def _has_statistics(spark_type: str | None) -> bool:
     """Whether Delta keeps min/max statistics for a column of this type (none for binary or boolean)."""
     return spark_type not in (None, "binary", "boolean")
-
-
-def quote(identifier: str) -> str:
-    """Backtick-quotes an identifier for Spark SQL text (backticks inside are doubled)."""
-    return "`" + identifier.replace("`", "``") + "`"
 
 
 def _unquoted(identifier: str) -> str:

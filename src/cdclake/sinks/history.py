@@ -54,7 +54,7 @@ from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
-from cdclake.model import Op
+from cdclake.model import Op, quote
 from cdclake.sinks.delta import (
     EVENT_TIME_COLUMN,
     OP_COLUMN,
@@ -65,7 +65,6 @@ from cdclake.sinks.delta import (
     concurrently,
     in_turns,
     inserted_rows,
-    quote,
     source_properties,
     sql_string,
     turn_marker,

@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.exceptions import ConfigError
+from cdclake.model import quote
 from cdclake.sinks.delta import (
     KEY_COLUMNS_PROPERTY,
     METADATA_COLUMNS,
@@ -56,7 +57,6 @@ from cdclake.sinks.delta import (
     Txn,
     merge_statement,
     ordering_of,
-    quote,
     source_properties,
     sql_string,
 )

@@ -22,6 +22,7 @@ from pyspark.sql import Column, DataFrameWriterV2
 from pyspark.sql import functions as F
 
 from cdclake.exceptions import ConfigError
+from cdclake.model import quote
 
 Transform = Literal["identity", "years", "months", "days", "hours", "bucket"]
 
@@ -63,7 +64,7 @@ class PartitionField:
 
     def writer_column(self) -> Column:
         """The field as a column of ``DataFrameWriterV2.partitionedBy``."""
-        column = F.col("`" + self.column.replace("`", "``") + "`")
+        column = F.col(quote(self.column))
         if self.transform == "identity":
             return column
         if self.transform == "bucket":
