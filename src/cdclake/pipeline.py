@@ -1005,26 +1005,11 @@ class Pipeline:
         """Applies the row changes of ``good`` to the lake tables of ``plans``: fold, gate, one MERGE per table.
         Returns the UPSERTs of key changes made whole from the old keys' rows (:meth:`_moves_made_whole`), for the
         history tables, or None."""
-        made_whole = None
         changes = _not_truncated(apply.row_changes(good, self.settings.keys), plans)
         truncated = [p for p in plans if p.truncate_order]
         with result.timed("fold"):
-            folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
-            # A local checkpoint, not persist: Delta refuses to MERGE from a source it has not copied when the
-            # source plan holds cached data (a cache does not pin the tombstones' Delta version), and the copy is the
-            # cost DeltaSink.merging removes.
-            folded = folded.localCheckpoint(eager=True)
+            folded, stats, made_whole = self._folded(changes, plans, table_columns)
             self._batch_frames.append(folded)
-            stats = self._folded_stats(folded)
-            moved = {table for table, row in stats.items() if row["moved"]}
-            if moved:
-                # Key changes from partial images: their UPSERTs made whole from the old keys' rows, then folded
-                # again. Only batches that hold one pay for the second fold.
-                changes, made_whole = self._moves_made_whole(changes, plans, table_columns, moved)
-                folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
-                folded = folded.localCheckpoint(eager=True)
-                self._batch_frames.append(folded)
-                stats = self._folded_stats(folded)
         # Turns of every plan, not only those with changes: a re-run must give each plan the marker it had.
         turns = in_turns(self._merge_units(plans), lambda unit: self._path_of(unit[0]), lambda unit: unit[0].table_id)
         with result.timed("merge"):
@@ -1066,6 +1051,30 @@ class Pipeline:
             # inline-bookkeeping).
             self._bookkeeping.submit("tombstones", self.sink.record_tombstones, folded, truncated, txn)
         return made_whole
+
+    def _folded(
+        self,
+        changes: DataFrame,
+        plans: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+    ) -> tuple[DataFrame, dict[str, Row], DataFrame | None]:
+        """The row ``changes`` folded per key and gated by the tombstones, stored (a local checkpoint: the caller
+        releases it), with their figures per table (:meth:`_folded_stats`). Key changes from partial images are made
+        whole from the old keys' rows first (:meth:`_moves_made_whole`) and their UPSERTs returned too, for the history
+        tables (else None): only batches that hold one pay for the second fold."""
+        first_orders = {plan.table_id: plan.first_order for plan in plans}
+        # A local checkpoint, not persist: Delta refuses to MERGE from a source it has not copied when the source
+        # plan holds cached data (a cache does not pin the tombstones' Delta version), and the copy is the cost
+        # DeltaSink.merging removes.
+        folded = self.sink.gate(apply.fold(changes), first_orders).localCheckpoint(eager=True)
+        stats = self._folded_stats(folded)
+        moved = {table for table, row in stats.items() if row["moved"]}
+        if not moved:
+            return folded, stats, None
+        release(folded)  # the second fold starts again from the changes
+        changes, made_whole = self._moves_made_whole(changes, plans, table_columns, moved)
+        folded = self.sink.gate(apply.fold(changes), first_orders).localCheckpoint(eager=True)
+        return folded, self._folded_stats(folded), made_whole
 
     @staticmethod
     def _folded_stats(folded: DataFrame) -> dict[str, Row]:
@@ -1318,15 +1327,7 @@ class Pipeline:
         ids = [plan.table_id for plan in plans]
         this_batch = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
         changes = _not_truncated(apply.row_changes(good.where(this_batch.isin(*ids)), self.settings.keys), plans)
-        folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
-        folded = folded.localCheckpoint(eager=True)
-        with_moves = folded.where(F.col(apply.MOVED_FROM).isNotNull()).select(apply.TABLE_ID).distinct().collect()
-        if with_moves:  # as _apply_rows does
-            release(folded)
-            moved = {row[apply.TABLE_ID] for row in with_moves}
-            changes, _ = self._moves_made_whole(changes, plans, table_columns, moved)
-            folded = self.sink.gate(apply.fold(changes), {p.table_id: p.first_order for p in plans})
-            folded = folded.localCheckpoint(eager=True)
+        folded, _, _ = self._folded(changes, plans, table_columns)  # what _apply_rows will MERGE
         refused: dict[tuple[str, str], list[str]] = {}
         try:
             for plan in plans:
