@@ -1005,11 +1005,16 @@ class Pipeline:
         """Applies the row changes of ``good`` to the lake tables of ``plans``: fold, gate, one MERGE per table.
         Returns the UPSERTs of key changes made whole from the old keys' rows (:meth:`_moves_made_whole`), for the
         history tables, or None."""
-        changes = _not_truncated(apply.row_changes(good, self.settings.keys), plans)
+        every_change = apply.row_changes(good, self.settings.keys)
+        changes = _not_truncated(every_change, plans)
         truncated = [p for p in plans if p.truncate_order]
         with result.timed("fold"):
             folded, stats, made_whole = self._folded(changes, plans, table_columns)
             self._batch_frames.append(folded)
+            # Before the MERGE step's truncates: it reads the lake rows they clear.
+            void_made_whole = self._void_moves_made_whole(every_change, truncated, table_columns)
+            if void_made_whole is not None:
+                made_whole = void_made_whole if made_whole is None else made_whole.unionByName(void_made_whole)
         # Turns of every plan, not only those with changes: a re-run must give each plan the marker it had.
         turns = in_turns(self._merge_units(plans), lambda unit: self._path_of(unit[0]), lambda unit: unit[0].table_id)
         with result.timed("merge"):
@@ -1097,22 +1102,54 @@ class Pipeline:
         plans: Sequence[apply.TablePlan],
         table_columns: Mapping[str, list[tuple[str, str]]],
         moved: set[str],
+        *,
+        before_truncates: bool = False,
     ) -> tuple[DataFrame, DataFrame | None]:
         """The batch's row ``changes`` with its key changes' partial images made whole from the old keys' rows
         (:func:`cdclake.apply.moves_made_whole`), read from the batch and from the lake tables before their MERGEs,
         and those UPSERTs made whole. Only batches that hold such a key change pay for it, and only the ``moved``
-        tables (by table id), which hold them, are read."""
+        tables (by table id), which hold them, are read.
+
+        The lake rows of a table truncated in this batch are those its TRUNCATE leaves, as the ``changes`` are those
+        written after it (:func:`_not_truncated`); unless they are those written ``before_truncates``."""
+
+        def stored_rows(plan: apply.TablePlan) -> DataFrame | None:
+            if self.sink.awaits_creation(plan):
+                return None
+            rows = self.sink.read(plan.database, plan.table, plan.schema)
+            if plan.truncate_order and not before_truncates:
+                rows = rows.where(~F.coalesce(self.sink.truncated_by(plan), F.lit(False)))
+            return rows
+
         tables = {
             plan.table_id: apply.StoredRows(
-                None if self.sink.awaits_creation(plan) else self.sink.read(plan.database, plan.table, plan.schema),
-                plan.key_columns,
-                table_columns[plan.table_id],
-                POSITION_COLUMN,
+                stored_rows(plan), plan.key_columns, table_columns[plan.table_id], POSITION_COLUMN
             )
             for plan in plans
             if plan.table_id in moved
         }
         return apply.moves_made_whole(changes, tables, self._batch_frames.append)
+
+    def _void_moves_made_whole(
+        self,
+        changes: DataFrame,
+        truncated: Sequence[apply.TablePlan],
+        table_columns: Mapping[str, list[tuple[str, str]]],
+    ) -> DataFrame | None:
+        """The UPSERTs of key changes from partial images that the log wrote before a TRUNCATE of their table in the
+        same batch, made whole from the old keys' rows as they were then, for the SCD2 tables: the lake table never
+        writes them (the truncate clears both keys, :func:`_not_truncated`), but its SCD2 table keeps them as
+        versions. Only the ``truncated`` plans with an SCD2 table are looked at; None when none has such a change."""
+        plans = [plan for plan in truncated if history.is_selected(self.settings.scd2, plan)]
+        if not plans:
+            return None
+        void = _truncated_away(changes, plans)
+        with_moves = void.where(F.col(apply.MOVED_FROM).isNotNull()).select(apply.TABLE_ID).distinct().collect()
+        if not with_moves:
+            return None
+        moved = {row[apply.TABLE_ID] for row in with_moves}
+        _, made_whole = self._moves_made_whole(void, plans, table_columns, moved, before_truncates=True)
+        return made_whole
 
     def _history(
         self,
@@ -1775,16 +1812,26 @@ def ordering_changed_problem(
 
 def _not_truncated(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
     """``changes`` without those the log wrote before a TRUNCATE of their table in the same batch: they are void."""
-    truncated = [p for p in plans if p.truncate_order]
-    if not truncated:
-        return changes
-    keep: Column = F.lit(True)
-    for plan in truncated:
-        assert plan.truncate_order is not None
-        keep = keep & ~(
-            (F.col(apply.TABLE_ID) == plan.table_id) & (apply.log_order(F.col(apply.ORDER)) < plan.truncate_order)
-        )
-    return changes.where(keep)
+    before = _before_truncate(plans)
+    return changes if before is None else changes.where(~before)
+
+
+def _truncated_away(changes: DataFrame, plans: Sequence[apply.TablePlan]) -> DataFrame:
+    """The ``changes`` that :func:`_not_truncated` leaves out."""
+    before = _before_truncate(plans)
+    return changes.where(F.lit(False) if before is None else before)
+
+
+def _before_truncate(plans: Sequence[apply.TablePlan]) -> Column | None:
+    """Whether a row change was written before a TRUNCATE of its table in the same batch; None without one."""
+    before: Column | None = None
+    for plan in plans:
+        if plan.truncate_order:
+            this = (F.col(apply.TABLE_ID) == plan.table_id) & (
+                apply.log_order(F.col(apply.ORDER)) < plan.truncate_order
+            )
+            before = this if before is None else before | this
+    return before
 
 
 def _misfit_marker(constraints: Mapping[str, Mapping[str, str]]) -> str:

@@ -1197,12 +1197,18 @@ class DeltaSink:
         assert plan.truncate_order is not None
         path = self.table_path(plan.database, plan.schema, plan.table)
         marker = None if txn is None else Txn(f"{txn.app_id}/truncate", txn.version)
-        position = F.col(POSITION_COLUMN)
-        condition = (apply.log_order(position) if self.rows_ordered_by_column(plan) else position) < F.lit(
-            plan.truncate_order
-        )
+        condition = self.truncated_by(plan)
         with self.idempotent(marker):
             self._committing(path, "DELETE", lambda: self._delete_where(path, condition))
+
+    def truncated_by(self, plan: TablePlan) -> Column:
+        """Whether a stored row of ``plan``'s lake table (as :meth:`read` gives it) is one the plan's TRUNCATE
+        deletes: written before it by the log part of its order."""
+        assert plan.truncate_order is not None
+        position = F.col(POSITION_COLUMN)
+        return (apply.log_order(position) if self.rows_ordered_by_column(plan) else position) < F.lit(
+            plan.truncate_order
+        )
 
     def rows_ordered_by_column(self, plan: TablePlan) -> bool:
         """Whether the stored rows of ``plan``'s lake table may hold ``value|position`` orders, whose log part a
