@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from cdclake import model
 from cdclake.formats.base import exact_text_image
+from cdclake.spark import is_local_checkpoint
 
 _FIELD: Final = "struct<field: string, type: string, name: string, parameters: map<string, string>>"
 
@@ -464,7 +465,8 @@ def type_nulls_in_batch(events: DataFrame, changed_only: Column) -> DataFrame:
         events: one format's decoded events (canonical columns).
         changed_only: over the canonical columns, true where the after image lists only changed columns.
     """
-    events = events.localCheckpoint(eager=True)
+    # A batch step before it may have stored them already (debezium.key_changes_rejoined): a copy would only cost.
+    events = events if is_local_checkpoint(events) else events.localCheckpoint(eager=True)
     columns = F.col(model.COLUMNS)
 
     def is_null_valued(c: Column) -> Column:

@@ -37,6 +37,7 @@ Choices where the specs are silent (documented here once):
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame
@@ -379,6 +380,70 @@ def decode_parsed(
     return finish(decoded, format_name, error)
 
 
+ROW_POSITION_CONNECTORS: Final = ("postgresql", "mysql")
+"""Connectors whose position (:func:`debezium_position`) is one row change's own: PostgreSQL's ``lsn``, MySQL's
+``file``, ``pos`` and ``row``. Oracle's ``commit_scn`` and ``scn`` may be shared by several rows' changes."""
+
+
+def key_changes_rejoined(events: DataFrame) -> DataFrame:
+    """debezium.md 2: an update of the primary key arrives as a ``d`` of the old key, then a ``c`` of the new one,
+    both at the update's position. When the log left unchanged columns out (section 6, unavailable values: a
+    PostgreSQL TOASTed column, a MySQL ``binlog_row_image=NOBLOB`` BLOB), the ``c`` has a partial image: alone, an
+    insert without those columns, whose values are the old key's row's. Such a ``c`` becomes the UPDATE it was, with
+    the ``d``'s before image (the old key) as its own, so that the new key's row takes the missing columns from the
+    old key's (``apply.moves_made_whole``); its ``vendor_op`` stays ``c``.
+
+    Paired by table and position, for the connectors whose position is one row's (:data:`ROW_POSITION_CONNECTORS`),
+    where the batch holds one old key (``d`` before image) and one new row (``c`` after image) at that position
+    (re-sent copies are the same). A ``d`` and a ``c`` in different batches are not paired: the ``c`` stays an
+    insert (the ``__debezium.oldkey`` header that names its old key is not read). A batch step: it reads the whole
+    batch, from a local checkpoint, and only a batch with such a ``c`` pays for the join."""
+    events = events.localCheckpoint(eager=True)
+    row_positioned = F.col(model.DB_TYPE).isin(*ROW_POSITION_CONNECTORS) & F.col(model.POSITION).isNotNull()
+    partial_create = (
+        (F.col(model.VENDOR_OP) == "c")
+        & (F.col(model.OP) == Op.INSERT.value)
+        & F.col(model.AFTER_IS_PARTIAL)
+        & row_positioned
+        & F.col(model.ERROR).isNull()
+    )
+    if events.where(partial_create).isEmpty():
+        return events
+    at = [model.DB_TYPE, model.DATABASE, model.SCHEMA, model.TABLE, model.POSITION]
+    pair_ops = (F.col(model.VENDOR_OP).isin("c", "d")) & row_positioned & F.col(model.ERROR).isNull()
+    deleted = F.when(F.col(model.VENDOR_OP) == "d", F.to_json(F.col(model.BEFORE)))
+    created = F.when(F.col(model.VENDOR_OP) == "c", F.to_json(F.col(model.AFTER)))
+    pairs = (
+        events.where(pair_ops)
+        .groupBy(*at)
+        .agg(
+            F.count_distinct(deleted).alias("_old_rows"),
+            F.count_distinct(created).alias("_new_rows"),
+            # A NULL in a d's before image may be a column the log left out (PostgreSQL's default replica identity
+            # logs the key only); the c's image lies over this one, where it would clear the old row's values.
+            F.first(
+                F.when(F.col(model.VENDOR_OP) == "d", F.map_filter(F.col(model.BEFORE), lambda _k, v: v.isNotNull())),
+                ignorenulls=True,
+            ).alias("_old"),
+        )
+        .where((F.col("_old_rows") == 1) & (F.col("_new_rows") == 1) & F.col("_old").isNotNull())
+        .select(*(F.col(c).alias(f"_at_{c}") for c in at), "_old")
+    )
+    matched = [F.col(c).eqNullSafe(F.col(f"_at_{c}")) for c in at]
+    joined = events.join(pairs, functools.reduce(lambda a, b: a & b, matched) & partial_create, "left")
+    rejoined = F.col("_old").isNotNull()
+    return joined.select(
+        *(
+            F.when(rejoined, F.lit(Op.UPDATE.value)).otherwise(F.col(c)).alias(c)
+            if c == model.OP
+            else F.when(rejoined, F.col("_old")).otherwise(F.col(c)).alias(c)
+            if c == model.BEFORE
+            else F.col(c)
+            for c in events.columns
+        )
+    )
+
+
 def sniff(message: Any) -> bool:
     """README "Recognition": Debezium with schema (``payload.op`` one letter), without schema (top-level ``op`` +
     ``source``), transaction topic (``status`` BEGIN/END + ``id``), heartbeat (only ``ts_ms``), tombstone (null);
@@ -408,7 +473,9 @@ FORMAT: Final = register(
         description="Debezium JSON change events (with or without the Connect schema), transaction, heartbeat "
         "and schema-change topics, tombstones",
         decode=decode,
-        batch_step=lambda events: type_nulls_in_batch(events, changed_only=F.col(model.AFTER_IS_PARTIAL)),
+        batch_step=lambda events: type_nulls_in_batch(
+            key_changes_rejoined(events), changed_only=F.col(model.AFTER_IS_PARTIAL)
+        ),
         operations=OPERATIONS,
         options={
             "unavailable_value_placeholder": f"the connector's unavailable.value.placeholder (default {PLACEHOLDER})"

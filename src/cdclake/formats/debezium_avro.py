@@ -46,7 +46,7 @@ from cdclake.formats import _plans, register
 from cdclake.formats._json_images import _FIELD, inferred_kinds
 from cdclake.formats._schema_registry import RegisteredSchema, check_options, resolve, source_from_options
 from cdclake.formats.base import MESSAGE_KEY, MESSAGE_VALUE, CdcFormat, FormatOptions, first_error
-from cdclake.formats.debezium import OPERATIONS, PAYLOAD_SCHEMA, PLACEHOLDER, decode_parsed
+from cdclake.formats.debezium import OPERATIONS, PAYLOAD_SCHEMA, PLACEHOLDER, decode_parsed, key_changes_rejoined
 
 NAME: Final = "debezium-avro"
 
@@ -373,6 +373,7 @@ FORMAT: Final = register(
         description="Debezium change events in Avro with a Confluent schema registry (magic byte + schema id)",
         decode=decode,
         encoding="binary",
+        batch_step=key_changes_rejoined,
         operations=OPERATIONS,
         options={
             "schema_registry_url": "the Confluent-compatible schema registry the connector wrote to, e.g. "
