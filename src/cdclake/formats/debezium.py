@@ -29,6 +29,9 @@ Choices where the specs are silent (documented here once):
 * Ordering (``debezium_position``): PostgreSQL ``lsn``; MySQL binlog file number, ``pos``, ``row``; Oracle
   ``commit_scn`` (``scn`` for snapshot rows) then ``scn``; SQL Server ``commit_lsn``, ``change_lsn``,
   ``event_serial_no``. MySQL GTID-only sources and other connectors get no position (Kafka order).
+* A primary-key update's ``c`` with unavailable values is paired with its ``d`` by table and position in the batch
+  and becomes an UPDATE from the old key (:func:`key_changes_rejoined`), PostgreSQL and MySQL only; the
+  ``__debezium.oldkey`` / ``__debezium.newkey`` headers are not read (the source layer passes no Kafka headers).
 * Lindorm: no position (lindorm-debezium.md "Ordering": the Kafka order is the order); SQL tables carry no key
   (configure ``keys``); HBase tables (recognised by a ``ROW`` column) declare every column ``binary`` and are keyed
   by the hex text of ``ROW`` in ``model.ROW_ID_COLUMN`` (see :func:`with_row_id`).
@@ -432,16 +435,11 @@ def key_changes_rejoined(events: DataFrame) -> DataFrame:
     matched = [F.col(c).eqNullSafe(F.col(f"_at_{c}")) for c in at]
     joined = events.join(pairs, functools.reduce(lambda a, b: a & b, matched) & partial_create, "left")
     rejoined = F.col("_old").isNotNull()
-    return joined.select(
-        *(
-            F.when(rejoined, F.lit(Op.UPDATE.value)).otherwise(F.col(c)).alias(c)
-            if c == model.OP
-            else F.when(rejoined, F.col("_old")).otherwise(F.col(c)).alias(c)
-            if c == model.BEFORE
-            else F.col(c)
-            for c in events.columns
-        )
-    )
+    replaced = {
+        model.OP: F.when(rejoined, F.lit(Op.UPDATE.value)).otherwise(F.col(model.OP)),
+        model.BEFORE: F.when(rejoined, F.col("_old")).otherwise(F.col(model.BEFORE)),
+    }
+    return joined.select(*(replaced.get(c, F.col(c)).alias(c) for c in events.columns))
 
 
 def sniff(message: Any) -> bool:
