@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from cdclake.devtools.verify import compare_lake, describe
-from cdclake.runner import replay
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-from tests.e2e.helpers import history_table, lake_reader, replay_in_two_batches, scd2_reader
+from tests.e2e.helpers import history_table, lake_reader, replay_in_two_batches, replay_lines, scd2_reader
 from tests.test_sequence_by import _ogg, _replay_ogg
 
 pytestmark = pytest.mark.spark
@@ -195,18 +194,10 @@ def test_a_debezium_key_change_keeps_the_columns_its_create_lacks(spark, tmp_pat
     unavailable = "__debezium_unavailable_value"
 
     def run(name: str, lines: list[str]) -> int:
-        capture = tmp_path / f"{name}.jsonl"
-        capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        results = replay(
-            spark,
-            lake=lake,
-            format_name="debezium-json",
-            paths=[str(capture)],
-            keys={"appdb.public.articles": ["id"]},
-            table_format=table_format,
-            scd2=["appdb.public.articles"],
+        keys = {"appdb.public.articles": ["id"]}
+        return replay_lines(
+            spark, tmp_path, name, lines, "debezium-json", keys=keys, scd2=list(keys), table_format=table_format
         )
-        return sum(r.dead_letters for r in results)
 
     assert run("a", [_debezium_pg("c", 100, after={"id": 1, "title": "first", "body": "a long text"})]) == 0
     key_only = {"title": None, "body": None}  # the before image of a d under the default replica identity

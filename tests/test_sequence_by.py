@@ -21,7 +21,7 @@ from cdclake.runner import replay
 from cdclake.sinks.delta import OP_COLUMN
 from cdclake.sinks.history import IS_CURRENT_COLUMN, ROW_KEY_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN
 from cdclake.spark import local_frame
-from tests.e2e.helpers import history_table, lake_reader, scd2_reader
+from tests.e2e.helpers import history_table, lake_reader, replay_lines, scd2_reader
 from tests.test_ddl import ddl_message, row_message
 
 pytestmark = pytest.mark.spark
@@ -330,12 +330,8 @@ def test_a_truncate_voids_what_the_log_wrote_before_it_whatever_the_versions(
 
 
 def _replay_ogg(spark, tmp_path: Path, name: str, lines: list[str], **settings: Any) -> int:  # type: ignore[no-untyped-def]
-    """Replays OGG JSON ``lines`` from the capture file ``<name>.jsonl`` into the lake ``tmp_path/lake`` with
-    ``settings`` (``replay``'s keywords); the number of dead letters."""
-    capture = tmp_path / f"{name}.jsonl"
-    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    results = replay(spark, lake=str(tmp_path / "lake"), format_name="ogg-json", paths=[str(capture)], **settings)
-    return sum(r.dead_letters for r in results)
+    """Replays OGG JSON ``lines`` (:func:`tests.e2e.helpers.replay_lines`)."""
+    return replay_lines(spark, tmp_path, name, lines, "ogg-json", **settings)
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])

@@ -43,6 +43,17 @@ def write_lines(path: Path, messages: list[Message]) -> Path:
     return path
 
 
+def replay_lines(
+    spark: SparkSession, directory: Path, name: str, lines: list[str], format_name: str, **settings: Any
+) -> int:
+    """Replays the message ``lines`` of ``format_name`` from the capture file ``<name>.jsonl`` in ``directory`` into
+    the lake ``directory/lake`` with ``settings`` (``replay``'s keywords); the number of dead letters."""
+    capture = directory / f"{name}.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    results = replay(spark, lake=str(directory / "lake"), format_name=format_name, paths=[str(capture)], **settings)
+    return sum(r.dead_letters for r in results)
+
+
 def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[dict[str, Any]]]:
     """Reads a lake table by its path, for :func:`~cdclake.devtools.verify.compare_lake`: a Delta table with
     delta-rs; an Iceberg table with Iceberg's Hadoop-table reader (by path, not through cdclake's catalog)."""
