@@ -20,9 +20,9 @@ from tests.test_sequence_by import _ogg, _replay_ogg
 
 pytestmark = pytest.mark.spark
 
-WITH_SCD2 = {"ogg-json", "qlik-json"}
+WITH_SCD2 = {"dataworks-json", "ogg-json", "qlik-json"}
 """Formats whose rendered stream is also checked in an SCD2 table: the key changes with partial images whose
-versions take the old key's columns too."""
+versions take the old key's columns too, and DataWorks' split updates, whose halves hold different keys."""
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
@@ -77,13 +77,15 @@ def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(spark, tmp
 
 
 @pytest.mark.parametrize(
-    "format_name", ["debezium-json", "debezium-avro", "drs-json-dds", "dts-avro", "ogg-json", "qlik-json"]
+    "format_name",
+    ["dataworks-json", "debezium-json", "debezium-avro", "drs-json-dds", "dts-avro", "ogg-json", "qlik-json"],
 )
 def test_rendered_streams_with_key_updates_end_as_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
     """Primary-key updates in every shape these formats send them: OGG's key and changed columns, Qlik's column
     masks, DTS's unlogged LOBs (partial images), Debezium's delete and create (with unavailable BLOBs on the
-    delete), MongoDB's delete and insert; chains of moves in one batch, re-sent copies, old keys taken again. On
-    the code before the fix, the OGG, Qlik and DTS streams left NULLs in the moved rows' missing columns."""
+    delete), MongoDB's delete and insert, DataWorks' split update (the old key's half, then the new key's); chains of
+    moves in one batch, re-sent copies, old keys taken again. On the code before the fix, the OGG, Qlik and DTS
+    streams left NULLs in the moved rows' missing columns; DataWorks' SCD2 table kept the old keys live."""
     config = HistoryConfig(
         seed=7,
         tables=3,
@@ -218,3 +220,67 @@ def test_a_debezium_key_change_keeps_the_columns_its_create_lacks(spark, tmp_pat
     assert scd2 is not None
     live = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
     assert sorted((row["id"], row["title"], row["body"]) for row in live) == expected
+
+
+def _dataworks(
+    op: str, sequence: int, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None
+) -> str:
+    """A DataWorks row message of ``crm.accounts`` (id LONG primary key, name STRING), dataworks.md 1."""
+
+    def image(values: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if values is None else {"dataColumn": values}
+
+    return json.dumps(
+        {
+            "schema": {
+                "dataColumn": [{"name": "id", "type": "LONG"}, {"name": "name", "type": "STRING"}],
+                "primaryKey": ["id"],
+                "source": {"dbType": "MySQL", "dbName": "crm", "schemaName": None, "tableName": "accounts"},
+            },
+            "payload": {
+                "before": image(before),
+                "after": image(after),
+                "sequenceId": str(sequence),
+                "timestamp": {"eventTime": 1709288131000 + sequence},
+                "op": op,
+                "ddl": None,
+            },
+            "version": "1.0.0",
+        }
+    )
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_split_update_that_changes_the_key_ends_the_old_keys_version(
+    spark, tmp_path: Path, table_format: str
+) -> None:
+    """A DataWorks split update (``UPDATE_BEFOR`` of the old key, ``UPDATE_AFTER`` of the new one at the same
+    ``sequenceId``) that changes the primary key: the old key's SCD2 version must end there, as its lake row does.
+    Before, the first half was taken for one whose second half replaces it (none did: its key has no later change),
+    and the old key stayed a live version beside the new one. Likewise a first half whose second half is in the next
+    batch: the key is absent in the SCD2 table until then, as it is in the lake table."""
+    lake = str(tmp_path / "lake")
+
+    def run(name: str, lines: list[str]) -> list[tuple[int, str]]:
+        assert replay_lines(spark, tmp_path, name, lines, "dataworks-json", scd2=True, table_format=table_format) == 0
+        stored = lake_reader(spark, table_format)(f"{lake}/crm/accounts")
+        scd2 = history_table(spark, lake, "scd2", "crm", "accounts", table_format)
+        assert scd2 is not None
+        live = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
+        assert sorted((row["id"], row["name"]) for row in live) == sorted((row["id"], row["name"]) for row in stored)
+        return sorted((row["id"], row["name"]) for row in live)
+
+    first = [
+        _dataworks("INSERT", 1, after={"id": 1, "name": "ann"}),
+        _dataworks("INSERT", 2, after={"id": 2, "name": "bob"}),
+    ]
+    assert run("a", first) == [(1, "ann"), (2, "bob")]
+    second = [
+        # 1 -> 5, its name changed too.
+        _dataworks("UPDATE_BEFOR", 3, before={"id": 1, "name": "ann"}),
+        _dataworks("UPDATE_AFTER", 3, after={"id": 5, "name": "anna"}),
+        # The batch ends between the halves of an update of 2 that keeps the key.
+        _dataworks("UPDATE_BEFOR", 4, before={"id": 2, "name": "bob"}),
+    ]
+    assert run("b", second) == [(5, "anna")]
+    assert run("c", [_dataworks("UPDATE_AFTER", 4, after={"id": 2, "name": "bobby"})]) == [(2, "bobby"), (5, "anna")]

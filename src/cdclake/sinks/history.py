@@ -736,9 +736,12 @@ class HistorySink:
             shown.append(F.when(kind == apply.UPSERT, state).when(captured, value).otherwise(previous).alias(f"_r{i}"))
         next_order = F.lead("_order").over(by_key)
         last_of_order = next_order.isNull() | (next_order != order)
-        # The first half of a split update (order "<position>/0") followed by its second half is no deletion.
+        # The first half of a split update (order "<position>/0") followed by its second half is no deletion. A first
+        # half with nothing after it (its second half gave the row another key, or is in a later batch) is one: the
+        # comparison with no next order is NULL, which must not leave the row unkept.
+        second_half = F.concat(_position_of(order), F.lit("/1"))
         replaced_half = (
-            (kind == apply.DELETE) & order.endswith("/0") & (next_order == F.concat(_position_of(order), F.lit("/1")))
+            (kind == apply.DELETE) & order.endswith("/0") & F.coalesce(next_order == second_half, F.lit(False))
         )
         # A truncate only ends a live version (its marker row remembers it for the others).
         ends_nothing = (
