@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 
 from cdclake.devtools.verify import compare_lake, describe
-from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
+from cdclake.workload import (
+    Change,
+    Column,
+    HistoryConfig,
+    RenderOptions,
+    SourceHistory,
+    TableSpec,
+    render_change,
+    render_stream,
+)
 from tests.e2e.helpers import history_table, lake_reader, replay_in_two_batches, replay_lines, scd2_reader
 from tests.test_sequence_by import _ogg, _replay_ogg
 
@@ -216,38 +225,18 @@ def test_a_debezium_key_change_keeps_the_columns_its_create_lacks(spark, tmp_pat
     stored = lake_reader(spark, table_format)(f"{lake}/appdb/articles")
     expected = [(2, "second", "a long text"), (4, "third", "its own text")]
     assert sorted((row["id"], row["title"], row["body"]) for row in stored) == expected
-    scd2 = history_table(spark, lake, "scd2", "appdb", "articles", table_format)
-    assert scd2 is not None
-    live = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
+    live = scd2_reader(spark, lake, table_format)(f"{lake}/appdb/articles")
     assert sorted((row["id"], row["title"], row["body"]) for row in live) == expected
 
 
-def _dataworks(
-    op: str, sequence: int, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None
-) -> str:
-    """A DataWorks row message of ``crm.accounts`` (id LONG primary key, name STRING), dataworks.md 1."""
+ACCOUNTS = TableSpec("crm", "accounts", [Column("id", "long"), Column("name", "string")], ["id"], None, "MySQL")
 
-    def image(values: dict[str, Any] | None) -> dict[str, Any] | None:
-        return None if values is None else {"dataColumn": values}
 
-    return json.dumps(
-        {
-            "schema": {
-                "dataColumn": [{"name": "id", "type": "LONG"}, {"name": "name", "type": "STRING"}],
-                "primaryKey": ["id"],
-                "source": {"dbType": "MySQL", "dbName": "crm", "schemaName": None, "tableName": "accounts"},
-            },
-            "payload": {
-                "before": image(before),
-                "after": image(after),
-                "sequenceId": str(sequence),
-                "timestamp": {"eventTime": 1709288131000 + sequence},
-                "op": op,
-                "ddl": None,
-            },
-            "version": "1.0.0",
-        }
-    )
+def _dataworks_split(sequence: int, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """An UPDATE of ``crm.accounts`` as DataWorks splits it: ``UPDATE_BEFOR`` (the before image), then
+    ``UPDATE_AFTER`` (the after image), both at ``sequence`` (dataworks.md 1)."""
+    update = Change("UPDATE", ACCOUNTS, before, after, sequence, 1709288131000 + sequence, None)
+    return [json.dumps(value) for value in render_change(update, update_mode="split")]
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
@@ -263,24 +252,19 @@ def test_a_split_update_that_changes_the_key_ends_the_old_keys_version(
 
     def run(name: str, lines: list[str]) -> list[tuple[int, str]]:
         assert replay_lines(spark, tmp_path, name, lines, "dataworks-json", scd2=True, table_format=table_format) == 0
-        stored = lake_reader(spark, table_format)(f"{lake}/crm/accounts")
-        scd2 = history_table(spark, lake, "scd2", "crm", "accounts", table_format)
-        assert scd2 is not None
-        live = scd2.where("_cdc_is_current AND NOT _cdc_is_deleted").collect()
-        assert sorted((row["id"], row["name"]) for row in live) == sorted((row["id"], row["name"]) for row in stored)
-        return sorted((row["id"], row["name"]) for row in live)
+        path = f"{lake}/crm/accounts"
+        stored = sorted((row["id"], row["name"]) for row in lake_reader(spark, table_format)(path))
+        live = sorted((row["id"], row["name"]) for row in scd2_reader(spark, lake, table_format)(path))
+        assert live == stored
+        return live
 
-    first = [
-        _dataworks("INSERT", 1, after={"id": 1, "name": "ann"}),
-        _dataworks("INSERT", 2, after={"id": 2, "name": "bob"}),
+    inserts = [
+        Change("INSERT", ACCOUNTS, None, {"id": key, "name": name}, key, 1709288131000 + key, None)
+        for key, name in ((1, "ann"), (2, "bob"))
     ]
-    assert run("a", first) == [(1, "ann"), (2, "bob")]
-    second = [
-        # 1 -> 5, its name changed too.
-        _dataworks("UPDATE_BEFOR", 3, before={"id": 1, "name": "ann"}),
-        _dataworks("UPDATE_AFTER", 3, after={"id": 5, "name": "anna"}),
-        # The batch ends between the halves of an update of 2 that keeps the key.
-        _dataworks("UPDATE_BEFOR", 4, before={"id": 2, "name": "bob"}),
-    ]
-    assert run("b", second) == [(5, "anna")]
-    assert run("c", [_dataworks("UPDATE_AFTER", 4, after={"id": 2, "name": "bobby"})]) == [(2, "bobby"), (5, "anna")]
+    assert run("a", [json.dumps(render_change(insert)[0]) for insert in inserts]) == [(1, "ann"), (2, "bob")]
+    # 1 -> 5, its name changed too; then the batch ends between the halves of an update of 2 that keeps the key.
+    move = _dataworks_split(3, {"id": 1, "name": "ann"}, {"id": 5, "name": "anna"})
+    first_half, second_half = _dataworks_split(4, {"id": 2, "name": "bob"}, {"id": 2, "name": "bobby"})
+    assert run("b", [*move, first_half]) == [(5, "anna")]
+    assert run("c", [second_half]) == [(2, "bobby"), (5, "anna")]
