@@ -75,13 +75,21 @@ def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(spark, tmp
         _ogg("U", 12, before={"ID": 13}, after={"ID": 14, "CUSTOMER": "A"}),
         # A failover's copy of the move to 33 (applied in the last batch; 3 holds no row now): it changes nothing.
         second[3],
+        # Then through 40 keys more (a hot row of a key-less table moves on each update), with a change between
+        # two moves: more links than the rounds that once made one link whole each (MAX_MOVE_ROUNDS).
+        *(
+            _ogg("U", 13 + i, before={"ID": 99 + i if i else 14}, after={"ID": 100 + i, "AMOUNT": 100 + i})
+            for i in range(20)
+        ),
+        _ogg("U", 33, before={"ID": 119}, after={"ID": 119, "NOTE": "mid"}),
+        *(_ogg("U", 34 + i, before={"ID": 99 + i}, after={"ID": 100 + i, "AMOUNT": 100 + i}) for i in range(20, 40)),
     ]
     assert run("c", third) == 0
     assert rows() == [
         (2, "new", 5, None),
-        (14, "A", 16, "x"),
         (22, "b", 21, "m"),
         (33, "c", 31, "z"),
+        (139, "A", 139, "mid"),
     ]
 
 

@@ -664,9 +664,9 @@ class StoredRows:
 
 
 MAX_MOVE_ROUNDS: Final = 32
-"""Rounds of :func:`moves_made_whole` before the key changes left are made whole from what the batch has: each round
-completes every key change whose old row no pending one came before (the first one always), so only a batch that
-moves one row through more keys than this in a row gets there."""
+"""Rounds of :func:`moves_made_whole`'s pointer jumping: each round halves every chain of key changes still waiting
+on an earlier one, so a batch would have to move one row through 2**32 keys in a row to have any left after them
+(those are then made whole from what the batch has)."""
 
 
 def moves_made_whole(
@@ -678,9 +678,14 @@ def moves_made_whole(
     partial or absent, of the old key's row in the lake table (``tables``, by table id). The UPSERT is then a full
     image: a column that neither has is NULL, as after a DELETE, not the value a stale row of the new key may hold.
 
-    A row moved twice in one batch (``a -> b``, then ``b -> c``, both partial) needs the first move made whole
-    before the second: each round completes the key changes whose old key's earlier changes hold no pending one,
-    and takes a local checkpoint (``keep`` receives it, for the caller to release).
+    A row moved several times in one batch (``a -> b``, then ``b -> c``, both partial) makes a chain: the second
+    move's old row is the first move's row, overlaid with the old key's changes between them. Each move is first
+    made whole as far as the batch and the lake go, and keeps what it lacks from the key change it waits on
+    (``_parent``: the last one into its old key, when nothing since gave that key a full image or deleted it). Then
+    pointer jumping: each round, a move that still waits takes its parent's image (when that one waits on nothing)
+    or its parent's wait and the columns its parent adds, so a chain of n moves takes about log2(n) rounds of the
+    moves alone, and the lake is read once. Each round takes a local checkpoint (``keep`` receives it, for the
+    caller to release).
 
     A copy of a key change sent again (a failover's re-send) must not take the old key's row as it is by then (the
     key may hold another row since): a copy whose new key's stored row is at least as new starts from that row, so
@@ -691,70 +696,109 @@ def moves_made_whole(
     """
     if not tables:
         return changes, None
-    move_id = _change_id()
-    made_whole: list[DataFrame] = []
+    pending = changes.where(F.col(MOVED_FROM).isNotNull()).select(
+        "*",
+        _change_id().alias("_move"),
+        F.col(ORDER).alias("_move_order"),
+        F.col(model.PARTITION).alias("_move_partition"),
+        F.col(model.OFFSET).alias("_move_offset"),
+        F.col(model.SUB_INDEX).alias("_move_sub_index"),
+    )
+    pending = pending.localCheckpoint(eager=True)
+    keep(pending)
+    if pending.isEmpty():
+        return changes, None
+    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
+    earlier = (
+        changes.alias("c")
+        .join(
+            pending.select(
+                F.col(TABLE_ID).alias("_table"),
+                F.col(MOVED_FROM).alias("_old_key"),
+                "_move",
+                "_move_order",
+                "_move_partition",
+                "_move_offset",
+                "_move_sub_index",
+            ),
+            (F.col(f"c.{TABLE_ID}") == F.col("_table")) & (F.col(f"c.{ROW_KEY}") == F.col("_old_key")),
+        )
+        # Ordered before the key change; of its own message, only what comes before its DELETE of the old key
+        # (one sub_index below its UPSERT). Other messages at the same order are copies of it.
+        .where(
+            (F.col(ORDER) < F.col("_move_order"))
+            | (
+                (F.col(ORDER) == F.col("_move_order"))
+                & (F.col(model.PARTITION) == F.col("_move_partition"))
+                & (F.col(model.OFFSET) == F.col("_move_offset"))
+                & (F.col(model.SUB_INDEX) < F.col("_move_sub_index") - 1)
+            )
+        )
+        .select(
+            TABLE_ID,
+            F.col("_move").alias(ROW_KEY),
+            *(c for c in changes.columns if c not in (TABLE_ID, ROW_KEY)),
+            rank.alias("_rank"),
+            # A key change into the old key, which this one waits on when it is the last (made whole not yet).
+            F.when(F.col(MOVED_FROM).isNotNull(), _change_id()).alias("_into"),
+        )
+    )
+    last_into = F.max(F.when(F.col("_into").isNotNull(), F.col("_rank"))).over(Window.partitionBy(ROW_KEY))
+    earlier = earlier.select("*", last_into.alias("_last_into"))
+    parents = earlier.where(F.col("_rank") == F.col("_last_into")).select(
+        F.col(ROW_KEY).alias("_move"), F.col("_into").alias("_parent")
+    )
+    since = earlier.where(F.col("_last_into").isNull() | (F.col("_rank") > F.col("_last_into")))
+    # The old key's changes since the last key change into it, folded: what the move lays over its parent's row.
+    old_row = fold(since.select(*changes.columns)).select(
+        F.col(ROW_KEY).alias("_move"),
+        F.col(KIND).alias("_old_kind"),
+        F.col(IMAGE).alias("_old_image"),
+        F.col(PARTIAL).alias("_old_partial"),
+    )
+    joined = pending.join(old_row, "_move", "left").join(parents, "_move", "left")
+    # A full image or a delete of the old key since its last key change in: the move waits on nothing.
+    needs_base = F.col("_old_kind").isNull() | ((F.col("_old_kind") == UPSERT) & F.col("_old_partial"))
+    joined = joined.withColumn("_parent", F.when(needs_base, F.col("_parent")))
+    moves = functools.reduce(
+        DataFrame.unionByName,
+        [_made_whole(joined.where(F.col(TABLE_ID) == table), stored) for table, stored in tables.items()],
+    )
+    columns = [*changes.columns, "_move", "_parent", "_delta"]
+    moves = moves.select(*columns).localCheckpoint(eager=True)
+    keep(moves)
     for round_number in range(1, MAX_MOVE_ROUNDS + 1):
-        pending = changes.where(F.col(MOVED_FROM).isNotNull()).select(
-            "*",
-            move_id.alias("_move"),
-            F.col(ORDER).alias("_move_order"),
-            F.col(model.PARTITION).alias("_move_partition"),
-            F.col(model.OFFSET).alias("_move_offset"),
-            F.col(model.SUB_INDEX).alias("_move_sub_index"),
-        )
-        pending = pending.localCheckpoint(eager=True)
-        keep(pending)
-        if pending.isEmpty():
+        waiting = moves.where(F.col("_parent").isNotNull())
+        if waiting.isEmpty():
             break
-        earlier = (
-            changes.alias("c")
-            .join(
-                pending.select(
-                    F.col(TABLE_ID).alias("_table"),
-                    F.col(MOVED_FROM).alias("_old_key"),
-                    "_move",
-                    "_move_order",
-                    "_move_partition",
-                    "_move_offset",
-                    "_move_sub_index",
-                ),
-                (F.col(f"c.{TABLE_ID}") == F.col("_table")) & (F.col(f"c.{ROW_KEY}") == F.col("_old_key")),
-            )
-            # Ordered before the key change; of its own message, only what comes before its DELETE of the old key
-            # (one sub_index below its UPSERT). Other messages at the same order are copies of it.
-            .where(
-                (F.col(ORDER) < F.col("_move_order"))
-                | (
-                    (F.col(ORDER) == F.col("_move_order"))
-                    & (F.col(model.PARTITION) == F.col("_move_partition"))
-                    & (F.col(model.OFFSET) == F.col("_move_offset"))
-                    & (F.col(model.SUB_INDEX) < F.col("_move_sub_index") - 1)
-                )
-            )
-            .select(
-                TABLE_ID, F.col("_move").alias(ROW_KEY), *(c for c in changes.columns if c not in (TABLE_ID, ROW_KEY))
-            )
+        parent = moves.select(
+            F.col("_move").alias("_p_move"),
+            F.col("_parent").alias("_p_parent"),
+            F.col(IMAGE).alias("_p_image"),
+            F.col("_delta").alias("_p_delta"),
         )
-        old_row = fold(earlier).select(
-            F.col(ROW_KEY).alias("_move"),
-            F.col(KIND).alias("_old_kind"),
-            F.col(IMAGE).alias("_old_image"),
-            F.col(PARTIAL).alias("_old_partial"),
-            F.col(MOVED_FROM).alias("_old_moved_from"),
-        )
-        joined = pending.join(old_row, "_move", "left")
-        last_round = round_number == MAX_MOVE_ROUNDS
-        ready = joined if last_round else joined.where(F.col("_old_moved_from").isNull())
-        whole = functools.reduce(
-            DataFrame.unionByName,
-            [_made_whole(ready.where(F.col(TABLE_ID) == table), stored) for table, stored in tables.items()],
-        )
-        whole = whole.select(*changes.columns).localCheckpoint(eager=True)
-        keep(whole)
-        made_whole.append(whole)
-        changes = with_moves_made_whole(changes, whole).localCheckpoint(eager=True)
-        keep(changes)
-    return changes, functools.reduce(DataFrame.unionByName, made_whole) if made_whole else None
+        stepped = waiting.join(parent, F.col("_parent") == F.col("_p_move"), "left")
+        # The last round takes the parent's image as far as the batch and the lake go, done or not.
+        parent_done = F.lit(True) if round_number == MAX_MOVE_ROUNDS else F.col("_p_parent").isNull()
+        image = F.when(F.col("_p_move").isNull(), F.col(IMAGE)).otherwise(_overlaid(F.col("_p_image"), F.col("_delta")))
+        # New names first: a lambda in a select may read an alias made earlier in it for a column of that name
+        # (see _made_whole).
+        stepped = stepped.select(
+            *(c for c in changes.columns if c != IMAGE),
+            "_move",
+            F.when(parent_done, image).otherwise(F.col(IMAGE)).alias("_next_image"),
+            F.when(~parent_done, F.col("_p_parent")).alias("_next_parent"),
+            F.when(parent_done, F.col("_delta"))
+            .otherwise(_overlaid(F.col("_p_delta"), F.col("_delta")))
+            .alias("_next_delta"),
+        ).withColumnsRenamed({"_next_image": IMAGE, "_next_parent": "_parent", "_next_delta": "_delta"})
+        moves = moves.where(F.col("_parent").isNull()).unionByName(stepped.select(*columns))
+        moves = moves.localCheckpoint(eager=True)
+        keep(moves)
+    whole = moves.select(*changes.columns)
+    changes = with_moves_made_whole(changes, whole).localCheckpoint(eager=True)
+    keep(changes)
+    return changes, whole
 
 
 def with_moves_made_whole(changes: DataFrame, whole: DataFrame) -> DataFrame:
@@ -774,11 +818,14 @@ def _change_id() -> Column:
 
 
 def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
-    """Key changes of one table (:func:`moves_made_whole`'s pending ones, with their old row's folded earlier
-    changes) as full images over the old row."""
+    """Key changes of one table (:func:`moves_made_whole`'s pending ones, with their old row's folded changes since
+    the last key change into it, and that one's id as ``_parent``) as full images over the old row as far as the
+    batch and the lake go, with ``_delta``: what the move lays over its parent's row. A copy the lake table already
+    holds waits on no parent."""
     empty = F.create_map().cast("map<string,string>")
     batch_image = F.when(F.col("_old_kind") == UPSERT, F.col("_old_image")).otherwise(empty)
     base = batch_image
+    parent = F.col("_parent")
     index_of = {name.lower(): i for i, (name, _) in enumerate(stored.columns)}
     keyed = [stored.columns[index_of[k.lower()]] for k in stored.key_columns if k.lower() in index_of]
     if stored.rows is not None and keyed and len(keyed) == len(stored.key_columns):
@@ -808,6 +855,10 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
         # A copy of a key change the lake table already holds (or a newer change of the new key): from that row.
         applied = F.coalesce(F.col("_to_order") >= F.col(ORDER), F.lit(False))
         base = F.when(applied, F.col("_to_image")).otherwise(from_old)
+        parent = F.when(~applied, parent)
+    # Before the select that makes IMAGE anew: Spark 4.1 resolves a name inside a lambda (here _overlaid's) to an
+    # alias made earlier in the same select (a lateral column alias) before the input column of that name.
+    moves = moves.withColumn("_delta", _overlaid(batch_image, F.col(IMAGE)))
     return moves.select(
         TABLE_ID,
         ROW_KEY,
@@ -821,6 +872,9 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
         model.EVENT_TIME,
         model.KEY_COLUMNS,
         F.lit(None).cast("string").alias(MOVED_FROM),
+        "_move",
+        parent.alias("_parent"),
+        "_delta",
     )
 
 

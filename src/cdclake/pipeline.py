@@ -69,6 +69,7 @@ from cdclake.sinks import TableFormat, TableProperties, check_table_properties, 
 from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.spark import (
+    LATERAL_ALIASES,
     avro_limit_options,
     is_local_checkpoint,
     local_frame,
@@ -361,6 +362,11 @@ class Pipeline:
         # Spark still writes timestamps as legacy INT96 by default; other Delta readers (delta-rs, Trino, DuckDB)
         # expect the standard TIMESTAMP_MICROS with UTC semantics.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        # Spark 4.1 resolves a name inside a lambda (map_filter, transform...) to an alias made earlier in the same
+        # select before the input column of that name: a select that gives a column a new value and then reads the
+        # column in a lambda read the new value, without a word (apply._made_whole did). cdclake never means to use
+        # such lateral aliases, so they are off.
+        spark.conf.set(LATERAL_ALIASES, "false")
         if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
             spark.conf.set(SNAPSHOT_PARTITIONS, str(snapshot_partitions(spark.sparkContext.defaultParallelism)))
         pin_jvm_classes(spark)  # for sessions that cdclake.spark.get_session did not make

@@ -86,6 +86,10 @@ def missing_avro_limits(spark: SparkSession) -> list[str]:
     return [name for name in AVRO_LIMITS if system.getProperty(name) is None]
 
 
+LATERAL_ALIASES: Final = "spark.sql.lateralColumnAlias.enableImplicitResolution"
+"""Off in every session cdclake runs in: Spark 4.1 resolves a name inside a lambda to an alias made earlier in the
+same select (a lateral column alias) before the input column of that name (see ``cdclake.pipeline.Pipeline``)."""
+
 EMBEDDED_CONF: Final = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -106,6 +110,7 @@ EMBEDDED_CONF: Final = {
     # Executors of a cluster master given to an embedded session (local mode runs them in the driver's JVM).
     "spark.executor.defaultJavaOptions": avro_limit_options(),
     "spark.sql.session.timeZone": "UTC",
+    LATERAL_ALIASES: "false",
     # A table's log replay in one task: each MERGE of a small table starts with one (100 tables: -14% batch time).
     "spark.databricks.delta.snapshotPartitions": "1",
     # Delta's commit files on a local disk (file: paths only) written by its LocalLogStore, not its HDFSLogStore.
