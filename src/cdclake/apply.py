@@ -666,7 +666,7 @@ class StoredRows:
 MAX_MOVE_ROUNDS: Final = 32
 """Rounds of :func:`moves_made_whole`'s pointer jumping: each round halves every chain of key changes still waiting
 on an earlier one, so a batch would have to move one row through 2**32 keys in a row to have any left after them
-(those are then made whole from what the batch has)."""
+(those then take their parents' images as far as the batch and the lake go)."""
 
 
 def moves_made_whole(
