@@ -597,10 +597,9 @@ def fold(changes: DataFrame) -> DataFrame:
     of a key change from a partial image among the key's changes, which :func:`moves_made_whole` must make whole
     first (NULL when there is none).
     """
-    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
     items = F.collect_list(
         F.struct(
-            rank.alias("rank"),
+            _rank().alias("rank"),
             F.col(KIND),
             F.col(IMAGE),
             F.col(PARTIAL),
@@ -708,7 +707,6 @@ def moves_made_whole(
     keep(pending)
     if pending.isEmpty():
         return changes, None
-    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
     earlier = (
         changes.alias("c")
         .join(
@@ -738,7 +736,7 @@ def moves_made_whole(
             TABLE_ID,
             F.col("_move").alias(ROW_KEY),
             *(c for c in changes.columns if c not in (TABLE_ID, ROW_KEY)),
-            rank.alias("_rank"),
+            _rank().alias("_rank"),
             # A key change into the old key, which this one waits on when it is the last (made whole not yet).
             F.when(F.col(MOVED_FROM).isNotNull(), _change_id()).alias("_into"),
         )
@@ -811,10 +809,15 @@ def with_moves_made_whole(changes: DataFrame, whole: DataFrame) -> DataFrame:
     return kept.unionByName(of_these.select(*changes.columns))
 
 
+def _rank() -> Column:
+    """The order of a row change among a batch's (:func:`row_changes`): its order, then Kafka partition, offset and
+    position in the message."""
+    return F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
+
+
 def _change_id() -> Column:
     """One row change's identity in its batch (:func:`row_changes`): its table, key and rank."""
-    rank = F.struct(F.col(ORDER), F.col(model.PARTITION), F.col(model.OFFSET), F.col(model.SUB_INDEX))
-    return F.to_json(F.struct(F.col(TABLE_ID), F.col(ROW_KEY), rank))
+    return F.to_json(F.struct(F.col(TABLE_ID), F.col(ROW_KEY), _rank()))
 
 
 def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
