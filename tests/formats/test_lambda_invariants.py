@@ -56,9 +56,26 @@ WORK = frozenset(
 class _Walk:
     higher_order: Any  # the JVM class HigherOrderFunction
     found: list[str] = field(default_factory=list)
+    walked: dict[tuple[int, frozenset[int]], list[tuple[Any, tuple[frozenset[int], int, bool]]]] = field(
+        default_factory=dict
+    )
+    """(hash code, bound variables) -> the expressions walked with them and their results. An optimised plan repeats
+    subexpressions (the optimizer inlines staged columns), so a walk met the same ones 3.5 to 7 times (Debezium JSON
+    13,744 visits of 3,872 distinct nodes, DTS Avro 18,006 of 2,485), each node several Py4J calls. An expression met
+    again under the same variables has the same result and findings (already recorded): Spark's ``equals`` tells it
+    from another with the same hash code."""
 
     def node(self, expression: Any, bound: frozenset[int]) -> tuple[frozenset[int], int, bool]:
         """(lambda variables used, node count, does work) of ``expression``; records loop-invariant work."""
+        same_hash = self.walked.setdefault((expression.hashCode(), bound), [])
+        for walked, result in same_hash:
+            if walked.equals(expression):
+                return result
+        result = self._walk(expression, bound)
+        same_hash.append((expression, result))
+        return result
+
+    def _walk(self, expression: Any, bound: frozenset[int]) -> tuple[frozenset[int], int, bool]:
         name = expression.getClass().getSimpleName()
         if name == "NamedLambdaVariable":
             return frozenset({expression.exprId().id()}), 1, False
@@ -93,9 +110,12 @@ class _Walk:
             self.plan(children.apply(i))
 
 
-def loop_invariant_work(spark: SparkSession, frame: DataFrame) -> list[str]:
+def loop_invariant_work(spark: SparkSession, *frames: DataFrame) -> list[str]:
+    """The loop-invariant work in the optimised plans of ``frames``, each found once (one walk: the frames of one
+    decoder share most of their expressions)."""
     walk = _Walk(spark._jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.expressions.HigherOrderFunction"))
-    walk.plan(frame._jdf.queryExecution().optimizedPlan())
+    for frame in frames:
+        walk.plan(frame._jdf.queryExecution().optimizedPlan())
     return walk.found
 
 
@@ -128,5 +148,4 @@ def test_no_row_work_inside_lambdas(spark: SparkSession, format_name: str) -> No
     frames = [fmt.decode(messages, options)] + (
         [] if fmt.batch_step is None else [decode_batch(fmt, messages, options)]
     )
-    for frame in frames:
-        assert loop_invariant_work(spark, frame) == []
+    assert loop_invariant_work(spark, *frames) == []
