@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 from decimal import Decimal, localcontext
 
 import pytest
@@ -97,6 +98,44 @@ def test_unavailable_placeholder_is_configurable(spark) -> None:
     )
     assert row["after"] == {"id": "1", "title": "t"}
     assert row["after_is_partial"] is True
+
+
+@pytest.mark.spark
+def test_a_create_with_unavailable_values_left_unpaired_is_an_insert_and_a_warning_names_its_table(
+    spark, caplog: pytest.LogCaptureFixture
+) -> None:
+    """debezium.md 2 and 6: a ``c`` with unavailable values is the second half of a primary-key update. Paired with
+    its ``d`` (same PostgreSQL or MySQL position, same batch) it becomes an UPDATE from the old key; left unpaired
+    (its ``d`` in an earlier batch, or Oracle, whose SCN may be shared) it stays an insert, whose row lacks the
+    columns the log left out. That used to happen without a word; now a warning per table says how many."""
+    from tests.formats.golden import canonical_rows, messages_frame
+
+    def change(op: str, at: int, image: dict[str, object], connector: str = "postgresql") -> dict[str, object]:
+        source: dict[str, object] = {"connector": connector, "db": "appdb", "schema": "public", "ts_ms": 1}
+        source |= {"table": "articles", "lsn": at} if connector == "postgresql" else {"table": "notes", "scn": at}
+        images = {"before": image, "after": None} if op == "d" else {"before": None, "after": image}
+        return {"key": {"id": image["id"]}, "value": {**images, "source": source, "op": op, "ts_ms": 1}}
+
+    unavailable = "__debezium_unavailable_value"
+    key_only = {"title": None, "body": None}
+    lines = [
+        change("d", 200, {"id": 1, **key_only}),  # its c is at 200 too: paired
+        change("c", 200, {"id": 2, "title": "t", "body": unavailable}),
+        change("c", 300, {"id": 4, "title": "t", "body": unavailable}),  # its d was in an earlier batch
+        change("d", 7, {"id": 5, **key_only}, "oracle"),  # same SCN, but Oracle's SCN may be shared
+        change("c", 7, {"id": 6, "title": "t", "body": unavailable}, "oracle"),
+        change("c", 8, {"id": 7, "title": "t", "body": "whole"}, "oracle"),  # a whole create: nothing to say
+    ]
+    with caplog.at_level(logging.WARNING, logger="cdclake.formats.debezium"):
+        rows = canonical_rows(decode_batch(get_format("debezium-json"), messages_frame(spark, lines), {}))
+    creates = {row["after"]["id"]: row["op"] for row in rows if row["vendor_op"] == "c"}
+    assert creates == {"2": "UPDATE", "4": "INSERT", "6": "INSERT", "7": "INSERT"}
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("1 Debezium create(s) of appdb.public.articles carry unavailable values")
+    assert "(postgresql here)" in warnings[0]
+    assert warnings[1].startswith("1 Debezium create(s) of appdb.public.notes carry unavailable values")
+    assert "(oracle here)" in warnings[1]
 
 
 def _connect_value(after_fields: object, before_fields: object) -> dict[str, object]:

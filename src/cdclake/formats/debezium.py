@@ -32,6 +32,7 @@ Choices where the specs are silent (documented here once):
 * A primary-key update's ``c`` with unavailable values is paired with its ``d`` by table and position in the batch
   and becomes an UPDATE from the old key (:func:`key_changes_rejoined`), PostgreSQL and MySQL only; the
   ``__debezium.oldkey`` / ``__debezium.newkey`` headers are not read (the source layer passes no Kafka headers).
+  Such a ``c`` left unpaired stays an insert lacking those columns, with a warning naming its table.
 * Lindorm: no position (lindorm-debezium.md "Ordering": the Kafka order is the order); SQL tables carry no key
   (configure ``keys``); HBase tables (recognised by a ``ROW`` column) declare every column ``binary`` and are keyed
   by the hex text of ``ROW`` in ``model.ROW_ID_COLUMN`` (see :func:`with_row_id`).
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import logging
 from typing import Any, Final
 
 from pyspark.sql import Column, DataFrame
@@ -75,6 +77,8 @@ from cdclake.formats.base import (
     with_unique_keys,
 )
 from cdclake.model import Op
+
+log = logging.getLogger(__name__)
 
 NAME: Final = "debezium-json"
 LINDORM_NAME: Final = "lindorm-debezium"
@@ -400,18 +404,22 @@ def key_changes_rejoined(events: DataFrame) -> DataFrame:
     where the batch holds one old key (``d`` before image) and one new row (``c`` after image) at that position
     (re-sent copies are the same). A ``d`` and a ``c`` in different batches are not paired: the ``c`` stays an
     insert (the ``__debezium.oldkey`` header that names its old key is not read). A batch step: it reads the whole
-    batch, from a local checkpoint, and only a batch with such a ``c`` pays for the join."""
+    batch, from a local checkpoint, and only a batch with such a ``c`` pays for the join.
+
+    A ``c`` with unavailable values left unpaired (its ``d`` in another batch, or a connector whose position is not
+    one row's) is applied as the insert it looks like, and its row lacks those columns' values: a warning per batch
+    names its tables (:func:`_warn_unpaired`), so that the loss is not silent."""
     events = events.localCheckpoint(eager=True)
     row_positioned = F.col(model.DB_TYPE).isin(*ROW_POSITION_CONNECTORS) & F.col(model.POSITION).isNotNull()
-    partial_create = (
+    any_partial_create = (
         (F.col(model.VENDOR_OP) == "c")
         & (F.col(model.OP) == Op.INSERT.value)
         & F.col(model.AFTER_IS_PARTIAL)
-        & row_positioned
         & F.col(model.ERROR).isNull()
     )
-    if events.where(partial_create).isEmpty():
+    if events.where(any_partial_create).isEmpty():
         return events
+    partial_create = any_partial_create & row_positioned
     at = [model.DB_TYPE, model.DATABASE, model.SCHEMA, model.TABLE, model.POSITION]
     pair_ops = (F.col(model.VENDOR_OP).isin("c", "d")) & row_positioned & F.col(model.ERROR).isNull()
     deleted = F.when(F.col(model.VENDOR_OP) == "d", F.to_json(F.col(model.BEFORE)))
@@ -439,7 +447,28 @@ def key_changes_rejoined(events: DataFrame) -> DataFrame:
         model.OP: F.when(rejoined, F.lit(Op.UPDATE.value)).otherwise(F.col(model.OP)),
         model.BEFORE: F.when(rejoined, F.col("_old")).otherwise(F.col(model.BEFORE)),
     }
-    return joined.select(*(replaced.get(c, F.col(c)).alias(c) for c in events.columns))
+    rejoined_events = joined.select(*(replaced.get(c, F.col(c)).alias(c) for c in events.columns))
+    _warn_unpaired(rejoined_events.where(any_partial_create))
+    return rejoined_events
+
+
+def _warn_unpaired(creates: DataFrame) -> None:
+    """Logs a warning per table of the ``c`` events with unavailable values that stay inserts (see
+    :func:`key_changes_rejoined`): how many, and what their rows lack. One small job, in the batches that hold such
+    a ``c`` only."""
+    table = [model.DB_TYPE, model.DATABASE, model.SCHEMA, model.TABLE]
+    for row in creates.groupBy(*table).count().orderBy(*table).collect():
+        name = ".".join(str(part) for part in (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) if part)
+        log.warning(
+            "%d Debezium create(s) of %s carry unavailable values (the second half of a primary-key update) without "
+            "the delete of their old key at the same position in this batch: applied as inserts, so those columns "
+            "keep what the new key's lake row holds (NULL in a new row) instead of the old row's values. A key "
+            "change is made whole only when both halves are in one batch, for PostgreSQL and MySQL positions (%s "
+            "here); the __debezium.oldkey header is not read",
+            row["count"],
+            name,
+            row[model.DB_TYPE],
+        )
 
 
 def sniff(message: Any) -> bool:
