@@ -133,9 +133,9 @@ def test_a_create_with_unavailable_values_left_unpaired_is_an_insert_and_a_warni
     warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("1 Debezium create(s) of appdb.public.articles carry unavailable values")
-    assert "(postgresql here)" in warnings[0]
+    assert "(connector: postgresql)" in warnings[0]
     assert warnings[1].startswith("1 Debezium create(s) of appdb.public.notes carry unavailable values")
-    assert "(oracle here)" in warnings[1]
+    assert "(connector: oracle)" in warnings[1]
 
 
 def _connect_value(after_fields: object, before_fields: object) -> dict[str, object]:

@@ -463,8 +463,8 @@ def _warn_unpaired(creates: DataFrame) -> None:
             "%d Debezium create(s) of %s carry unavailable values (the second half of a primary-key update) without "
             "the delete of their old key at the same position in this batch: applied as inserts, so those columns "
             "keep what the new key's lake row holds (NULL in a new row) instead of the old row's values. A key "
-            "change is made whole only when both halves are in one batch, for PostgreSQL and MySQL positions (%s "
-            "here); the __debezium.oldkey header is not read",
+            "change is made whole only when both halves are in one batch at one PostgreSQL or MySQL position "
+            "(connector: %s); the __debezium.oldkey header is not read",
             row["count"],
             name,
             row[model.DB_TYPE],
