@@ -8,6 +8,7 @@ there, from the lake table or from the batch's earlier changes of the old key. B
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,18 @@ versions take the old key's columns too, and DataWorks' split updates, whose hal
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
-def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(spark, tmp_path: Path, table_format: str) -> None:
+def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(
+    spark, tmp_path: Path, table_format: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key changes of the module doc, in the lake table and in the batch, chained, taken again and re-sent; and
+    one whose old key has no row anywhere, which keeps NULLs and is the one key change a warning is about."""
+
     def run(name: str, lines: list[str]) -> int:
-        return _replay_ogg(spark, tmp_path, name, lines, table_format=table_format)
+        with caplog.at_level(logging.WARNING, logger="cdclake.apply"):
+            return _replay_ogg(spark, tmp_path, name, lines, table_format=table_format)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "cdclake.apply"]
 
     def rows() -> list[tuple[int, str | None, int | None, str | None]]:
         stored = lake_reader(spark, table_format)(f"{tmp_path / 'lake'}/SALES/ORDERS")
@@ -83,14 +93,21 @@ def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(spark, tmp
         ),
         _ogg("U", 33, before={"ID": 119}, after={"ID": 119, "NOTE": "mid"}),
         *(_ogg("U", 34 + i, before={"ID": 99 + i}, after={"ID": 100 + i, "AMOUNT": 100 + i}) for i in range(20, 40)),
+        # A key the lake never held (its history started later): nothing to take the other columns from.
+        _ogg("U", 74, before={"ID": 500}, after={"ID": 501, "NOTE": "o"}),
     ]
+    assert warnings() == []
     assert run("c", third) == 0
     assert rows() == [
         (2, "new", 5, None),
         (22, "b", 21, "m"),
         (33, "c", 31, "z"),
         (139, "A", 139, "mid"),
+        (501, None, None, "o"),
     ]
+    (warning,) = warnings()
+    # OGG's table SALES.ORDERS: catalog and schema both SALES.
+    assert warning.startswith("1 key change(s) of SALES.SALES.ORDERS from a partial image found no row of their")
 
 
 @pytest.mark.parametrize(

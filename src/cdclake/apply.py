@@ -21,6 +21,7 @@ partition, offset and position inside the message.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,6 +32,8 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.model import Op
 from cdclake.tables import PerTable, Value, glob_regex, is_pattern
+
+log = logging.getLogger(__name__)
 
 TABLE_ID: Final = "table_id"
 """Identity of a target table inside one batch: ``database``/``schema``/``table`` joined by ``\\x1f``."""
@@ -669,7 +672,11 @@ on an earlier one, so a batch would have to move one row through 2**32 keys in a
 
 
 def moves_made_whole(
-    changes: DataFrame, tables: Mapping[str, StoredRows], keep: Callable[[DataFrame], None]
+    changes: DataFrame,
+    tables: Mapping[str, StoredRows],
+    keep: Callable[[DataFrame], None],
+    *,
+    warn_unfound: bool = True,
 ) -> tuple[DataFrame, DataFrame | None]:
     """The batch's row changes (:func:`row_changes`), with each UPSERT of a key change from a partial image
     (``moved_from``) made whole from the old key's row as it was when the key changed: the columns the image lacks
@@ -689,6 +696,10 @@ def moves_made_whole(
     A copy of a key change sent again (a failover's re-send) must not take the old key's row as it is by then (the
     key may hold another row since): a copy whose new key's stored row is at least as new starts from that row, so
     it writes what it wrote the first time; copies in the same batch are not each other's earlier changes.
+
+    A key change that finds no row of its old key, in the batch or the lake, leaves the columns its image lacks
+    NULL; with ``warn_unfound``, a warning per table says how many (the source holds a row the lake never had: its
+    history started after the row's insert, or the table's rows were deleted by hand).
 
     Returns the changes, and the UPSERTs made whole among them (None when there was none), which the history
     tables take in place of the batch's partial ones (:func:`with_moves_made_whole`).
@@ -763,8 +774,11 @@ def moves_made_whole(
         [_made_whole(joined.where(F.col(TABLE_ID) == table), stored) for table, stored in tables.items()],
     )
     columns = [*changes.columns, "_move", "_parent", "_delta"]
-    moves = moves.select(*columns).localCheckpoint(eager=True)
+    moves = moves.select(*columns, "_unfound").localCheckpoint(eager=True)
     keep(moves)
+    if warn_unfound:
+        _warn_unfound(moves.where(F.col("_unfound")))
+    moves = moves.select(*columns)
     for round_number in range(1, MAX_MOVE_ROUNDS + 1):
         waiting = moves.where(F.col("_parent").isNotNull())
         if waiting.isEmpty():
@@ -829,6 +843,9 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
     batch_image = F.when(F.col("_old_kind") == UPSERT, F.col("_old_image")).otherwise(empty)
     base = batch_image
     parent = F.col("_parent")
+    # Nothing to take the missing columns from: no full image of the old key in the batch, no key change into it to
+    # wait on, and (below) no stored row of it from before the change, nor of the new key from at least as late.
+    unfound = parent.isNull() & ~F.coalesce((F.col("_old_kind") == UPSERT) & ~F.col("_old_partial"), F.lit(False))
     index_of = {name.lower(): i for i, (name, _) in enumerate(stored.columns)}
     keyed = [stored.columns[index_of[k.lower()]] for k in stored.key_columns if k.lower() in index_of]
     if stored.rows is not None and keyed and len(keyed) == len(stored.key_columns):
@@ -859,6 +876,7 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
         applied = F.coalesce(F.col("_to_order") >= F.col(ORDER), F.lit(False))
         base = F.when(applied, F.col("_to_image")).otherwise(from_old)
         parent = F.when(~applied, parent)
+        unfound = unfound & ~applied & ~before_move
     # Before the select that makes IMAGE anew: Spark 4.1 resolves a name inside a lambda (here _overlaid's) to an
     # alias made earlier in the same select (a lateral column alias) before the input column of that name.
     moves = moves.withColumn("_delta", _overlaid(batch_image, F.col(IMAGE)))
@@ -878,7 +896,21 @@ def _made_whole(moves: DataFrame, stored: StoredRows) -> DataFrame:
         "_move",
         parent.alias("_parent"),
         "_delta",
+        unfound.alias("_unfound"),
     )
+
+
+def _warn_unfound(moves: DataFrame) -> None:
+    """Logs a warning per table of the key changes in ``moves`` (:func:`moves_made_whole`'s, made whole as far as
+    they go) that found no row of their old key. One small job, in the batches with such key changes only."""
+    for row in moves.groupBy(TABLE_ID).count().orderBy(TABLE_ID).collect():
+        log.warning(
+            "%d key change(s) of %s from a partial image found no row of their old key, in the batch or the lake "
+            "table: the columns their image lacks are NULL in the new key's row (the lake's history may start after "
+            "the row's insert, or the row was deleted before the change: by the batch, a truncate, or by hand)",
+            row["count"],
+            ".".join(part for part in split_table_id(row[TABLE_ID]) if part),
+        )
 
 
 def latest_per_key(folded: DataFrame) -> DataFrame:

@@ -1134,7 +1134,8 @@ class Pipeline:
             for plan in plans
             if plan.table_id in moved
         }
-        return apply.moves_made_whole(changes, tables, self._batch_frames.append)
+        # The void ones (before a truncate) are made whole for the SCD2 tables alone: no warning of their own.
+        return apply.moves_made_whole(changes, tables, self._batch_frames.append, warn_unfound=not before_truncates)
 
     def _void_moves_made_whole(
         self,
