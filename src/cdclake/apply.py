@@ -698,8 +698,8 @@ def moves_made_whole(
     it writes what it wrote the first time; copies in the same batch are not each other's earlier changes.
 
     A key change that finds no row of its old key, in the batch or the lake, leaves the columns its image lacks
-    NULL; with ``warn_unfound``, a warning per table says how many (the source holds a row the lake never had: its
-    history started after the row's insert, or the table's rows were deleted by hand).
+    NULL; with ``warn_unfound``, a warning per table says how many (:func:`_warn_unfound`: the lake's history may
+    start after the row's insert, or the row was deleted before the change).
 
     Returns the changes, and the UPSERTs made whole among them (None when there was none), which the history
     tables take in place of the batch's partial ones (:func:`with_moves_made_whole`).

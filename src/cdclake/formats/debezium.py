@@ -458,7 +458,7 @@ def _warn_unpaired(creates: DataFrame) -> None:
     a ``c`` only."""
     table = [model.DB_TYPE, model.DATABASE, model.SCHEMA, model.TABLE]
     for row in creates.groupBy(*table).count().orderBy(*table).collect():
-        name = ".".join(str(part) for part in (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) if part)
+        name = ".".join(part for part in (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE]) if part)
         log.warning(
             "%d Debezium create(s) of %s carry unavailable values (the second half of a primary-key update) without "
             "the delete of their old key at the same position in this batch: applied as inserts, so those columns "
