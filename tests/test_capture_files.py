@@ -106,6 +106,39 @@ def test_a_record_line_gives_the_message_its_key_and_its_timestamp(spark, tmp_pa
     assert _records(spark, path) == [expected for _, expected in RECORD_LINES]
 
 
+@pytest.mark.spark
+def test_a_record_line_gives_the_message_its_headers(spark, tmp_path: Path) -> None:
+    """Headers as ``kcat -J`` writes them (names and values in turn, values as text) or as an object of name ->
+    value (an object value is its JSON text); anything else is no headers."""
+    lines = [
+        ('{"key":"k","payload":"v","headers":["a","1","b","{\\"id\\":1}"]}', [("a", b"1"), ("b", b'{"id":1}')]),
+        (
+            '{"value":"v","headers":{"__debezium.oldkey":{"id":1},"n":null}}',
+            [("__debezium.oldkey", b'{"id":1}'), ("n", None)],
+        ),
+        ('{"value":"v","headers":["odd"]}', [("odd", None)]),
+        ('{"value":"v","headers":[]}', []),
+        ('{"value":"v"}', None),
+        ('{"value":"v","headers":null}', None),
+        ('{"value":"v","headers":"a=1"}', None),
+        ("not json", None),
+    ]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(line + "\n" for line, _ in lines), encoding="utf-8")
+    capture = read_file(spark, path, 0, "records")
+    try:
+        rows = sorted(capture.messages.select("offset", "headers").collect(), key=lambda row: row["offset"])
+    finally:
+        capture.release()
+    got = [
+        None
+        if row["headers"] is None
+        else [(h["key"], None if h["value"] is None else bytes(h["value"])) for h in row["headers"]]
+        for row in rows
+    ]
+    assert got == [expected for _, expected in lines]
+
+
 def _as_record(line: dict[str, Any]) -> dict[str, Any]:
     """A golden case line as a capture record: ``value_raw`` (verbatim text) is a string ``value``."""
     record = {name: value for name, value in line.items() if name != "value_raw"}

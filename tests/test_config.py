@@ -139,6 +139,9 @@ def test_kafka_options_pass_through_and_secrets_are_redacted() -> None:
     assert redacted["kafka.sasl.jaas.config"] == "***"
     assert redacted["kafka.security.protocol"] == "SASL_SSL"
     assert "hunter2" not in str(redacted)
+    assert config.kafka.spark_options()["includeHeaders"] == "true"
+    with pytest.raises(ConfigError, match="includeHeaders` is cdclake's own"):
+        parse_config(_with(kafka_options={"includeHeaders": "false"}))
 
 
 def test_unreadable_and_invalid_yaml_files(tmp_path) -> None:

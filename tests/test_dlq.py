@@ -21,6 +21,7 @@ from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import list_formats
 from cdclake.pipeline import PipelineSettings
 from cdclake.runner import replay
+from cdclake.spark import local_frame
 from cdclake.tables import TableFilter, TableRoutes
 from tests.e2e.helpers import history_table
 from tests.e2e.test_format_replay import typed
@@ -475,3 +476,45 @@ def test_the_messages_that_still_fail_are_the_golden_failures_of_every_format(
     # whole decoder, thousands of characters per column: the Avro ones grew past the heap).
     optimized = still_failing._jdf.queryExecution().optimizedPlan().toString()
     assert len(optimized) < 5_000, optimized[:2_000]
+
+
+def test_a_dead_letter_keeps_its_headers_for_its_replay(spark, lake) -> None:
+    """A Debezium primary-key update whose ``c`` is a dead letter (here: its topic has no format) while its ``d``
+    (``__debezium.newkey``, not applied) decodes: the old key's row stays until the ``c`` is replayed, and the
+    replay reads the ``c``'s ``__debezium.oldkey`` header again, from the dead letter, so that the ``c`` moves the
+    row (debezium.md 2). Replayed without its headers it would be an insert beside the old row, its body NULL."""
+    from cdclake.pipeline import Pipeline
+
+    def change(op: str, scn: int, image: dict[str, Any]) -> tuple[bytes, bytes]:
+        source = {"connector": "oracle", "db": "APPDB", "schema": "APP", "table": "NOTES", "scn": scn, "ts_ms": 1}
+        images = {"before": image, "after": None} if op == "d" else {"before": None, "after": image}
+        value = {**images, "source": source, "op": op, "ts_ms": 1}
+        return json.dumps({"ID": image["ID"]}).encode(), json.dumps(value).encode()
+
+    def frame(rows: list[tuple[Any, ...]]):  # type: ignore[no-untyped-def]
+        schema = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+        return local_frame(spark, rows, f"{schema}, headers array<struct<key: string, value: binary>>")
+
+    settings = PipelineSettings(lake=lake, app_id="headers", topic_formats={"dbz.notes": "debezium-json"})
+    pipeline = Pipeline(spark, settings)
+    first = change("c", 100, {"ID": 1, "TITLE": "one", "BODY": "text 1"})
+    pipeline.process_batch(frame([(*first, "dbz.notes", 0, 0, None, None)]), 0)
+    deleted = change("d", 200, {"ID": 1, "TITLE": None, "BODY": None})
+    moved = change("c", 200, {"ID": 2, "TITLE": "two", "BODY": "__debezium_unavailable_value"})
+    second = [
+        (*deleted, "dbz.notes", 0, 1, None, [("__debezium.newkey", b'{"ID":2}')]),
+        (*moved, "dbz.other", 0, 0, None, [("__debezium.oldkey", b'{"ID":1}')]),
+    ]
+    assert pipeline.process_batch(frame(second), 1).dead_letters == 1
+
+    def rows() -> list[tuple[Any, ...]]:
+        return sorted((row["ID"], row["TITLE"], row["BODY"]) for row in read_table(f"{lake}/APPDB/NOTES"))
+
+    assert rows() == [(1, "one", "text 1")]
+    stored = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()
+    assert [[(h["key"], bytes(h["value"])) for h in row["headers"]] for row in stored] == [
+        [("__debezium.oldkey", b'{"ID":1}')]
+    ]
+    report = replay_dead_letters(spark, lake, format_name="debezium-json")
+    assert (report.selected, report.applied) == (1, 1)
+    assert rows() == [(2, "two", "text 1")]

@@ -254,6 +254,63 @@ def test_a_debezium_key_change_keeps_the_columns_its_create_lacks(spark, tmp_pat
     assert sorted((row["id"], row["title"], row["body"]) for row in live) == expected
 
 
+def test_a_debezium_key_change_named_by_its_headers_is_made_whole_in_either_order(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """debezium.md 2: the ``d`` and ``c`` of a primary-key update have different Kafka keys, so they may land in
+    different partitions and batches, in either order. The ``c`` names its old key in the ``__debezium.oldkey``
+    header and moves the old key's row whenever it comes; the ``d`` (``__debezium.newkey``) is not applied, so the
+    row is still there to move and keeps the column the ``c`` lacks. Without the headers the ``c`` was an insert,
+    its body NULL, with a warning. The headers come from a capture file of Kafka records (``kcat -J``'s form: names
+    and values in turn)."""
+    lake = str(tmp_path / "lake")
+    unavailable = "__debezium_unavailable_value"
+    key_only = {"title": None, "body": None}
+
+    def record(value: str | None, key: int, header: str | None = None, other_key: int = 0) -> str:
+        headers = None if header is None else [f"__debezium.{header}", json.dumps({"id": other_key})]
+        return json.dumps({"key": json.dumps({"id": key}), "payload": value, "headers": headers})
+
+    def run(name: str, lines: list[str]) -> int:
+        keys = {"appdb.public.articles": ["id"]}
+        with caplog.at_level(logging.WARNING):
+            return replay_lines(
+                spark, tmp_path, name, lines, "debezium-json", keys=keys, scd2=list(keys), encoding="records"
+            )
+
+    def rows() -> list[tuple[int, str, str]]:
+        stored = lake_reader(spark, "delta")(f"{lake}/appdb/articles")
+        return sorted((row["id"], row["title"], row["body"]) for row in stored)
+
+    first = [
+        record(_debezium_pg("c", 100, after={"id": 1, "title": "one", "body": "text 1"}), 1),
+        record(_debezium_pg("c", 101, after={"id": 3, "title": "three", "body": "text 3"}), 3),
+    ]
+    assert run("a", first) == 0
+    second = [
+        # 1 -> 2: the d comes first, and alone.
+        record(_debezium_pg("d", 200, before={"id": 1, **key_only}), 1, "newkey", 2),
+        record(None, 1),  # its tombstone
+        # 3 -> 4: the c comes first, and alone.
+        record(_debezium_pg("c", 300, after={"id": 4, "title": "four", "body": unavailable}), 4, "oldkey", 3),
+    ]
+    assert run("b", second) == 0
+    assert rows() == [(1, "one", "text 1"), (4, "four", "text 3")]
+    third = [
+        record(_debezium_pg("c", 200, after={"id": 2, "title": "two", "body": unavailable}), 2, "oldkey", 1),
+        record(_debezium_pg("d", 300, before={"id": 3, **key_only}), 3, "newkey", 4),
+        record(None, 3),
+    ]
+    assert run("c", third) == 0
+    expected = [(2, "two", "text 1"), (4, "four", "text 3")]
+    assert rows() == expected
+    live = scd2_reader(spark, lake, "delta")(f"{lake}/appdb/articles")
+    assert sorted((row["id"], row["title"], row["body"]) for row in live) == expected
+    assert [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("cdclake")
+    ] == []
+
+
 ACCOUNTS = TableSpec("crm", "accounts", [Column("id", "long"), Column("name", "string")], ["id"], None, "MySQL")
 
 

@@ -313,3 +313,59 @@ def test_config_transactions_section() -> None:
         parse_config({**base, "transactions": {"consistent": True, "max_pending_messages": 0}})
     assert info.value.key == "transactions.max_pending_messages"
     assert "transactions: {consistent: true}" in info.value.fix
+
+
+@pytest.mark.spark
+def test_held_messages_keep_their_headers(spark, lake: str) -> None:
+    """A Debezium primary-key update inside an open transaction is held, and decoded again when its END comes:
+    from the stored held messages, whose headers must come back with them. The ``c`` (Oracle: no pairing by
+    position) then still moves the old key's row by its ``__debezium.oldkey`` header, keeping the column it lacks,
+    and the ``d`` (``__debezium.newkey``) is not applied (debezium.md 2)."""
+    topic = "dbz.notes"
+
+    def transaction(status: str, txn: str, count: int = 0) -> tuple[None, bytes]:
+        marker: dict[str, Any] = {"status": status, "id": txn, "ts_ms": 1}
+        if status == "END":
+            marker |= {
+                "event_count": count,
+                "data_collections": [{"data_collection": "APP.NOTES", "event_count": count}],
+            }
+        return None, json.dumps(marker).encode()
+
+    def change(op: str, scn: int, txn: str, image: dict[str, Any]) -> tuple[bytes, bytes]:
+        source = {"connector": "oracle", "db": "APPDB", "schema": "APP", "table": "NOTES", "scn": scn, "ts_ms": 1}
+        images = {"before": image, "after": None} if op == "d" else {"before": None, "after": image}
+        value = {**images, "source": source, "op": op, "ts_ms": 1, "transaction": {"id": txn, "total_order": 1}}
+        return json.dumps({"ID": image["ID"]}).encode(), json.dumps(value).encode()
+
+    def frame(messages: list[tuple[Any, ...]], first_offset: int):  # type: ignore[no-untyped-def]
+        rows = [(k, v, topic, 0, first_offset + i, None, h) for i, (k, v, h) in enumerate(messages)]
+        return local_frame(spark, rows, f"{MESSAGE_SCHEMA}, headers array<struct<key: string, value: binary>>")
+
+    def rows() -> list[tuple[Any, ...]]:
+        return sorted((row["ID"], row["TITLE"], row["BODY"]) for row in read_table(f"{lake}/APPDB/NOTES"))
+
+    pipeline = Pipeline(
+        spark,
+        PipelineSettings(
+            lake=lake, app_id=f"test-{uuid.uuid4()}", default_format="debezium-json", transaction_consistent=True
+        ),
+    )
+    first = [
+        (*transaction("BEGIN", "t0"), None),
+        (*change("c", 100, "t0", {"ID": 1, "TITLE": "one", "BODY": "text 1"}), None),
+        (*transaction("END", "t0", 1), None),
+    ]
+    pipeline.process_batch(frame(first, 0), 0)
+    second = [
+        (*transaction("BEGIN", "t1"), None),
+        (*change("d", 200, "t1", {"ID": 1, "TITLE": None, "BODY": None}), [("__debezium.newkey", b'{"ID":2}')]),
+        (
+            *change("c", 200, "t1", {"ID": 2, "TITLE": "two", "BODY": "__debezium_unavailable_value"}),
+            [("__debezium.oldkey", b'{"ID":1}')],
+        ),
+    ]
+    pipeline.process_batch(frame(second, 3), 1)
+    assert (_held(spark, lake), rows()) == ([3, 4, 5], [(1, "one", "text 1")])
+    pipeline.process_batch(frame([(*transaction("END", "t1", 2), None)], 6), 2)
+    assert (_held(spark, lake), rows()) == ([], [(2, "two", "text 1")])

@@ -136,6 +136,11 @@ class KafkaConfig(_Strict):
             raise ValueError("give exactly one of `topics` and `topic_pattern`")
         if self.topic_pattern is not None:
             re.compile(self.topic_pattern)
+        if any(key.lower() == "includeheaders" for key in self.options):
+            raise ValueError(
+                "`options.includeHeaders` is cdclake's own: it always reads the records' headers (Debezium names a "
+                "primary-key update's other key there); remove it"
+            )
         return self
 
     def spark_options(self) -> dict[str, str]:
@@ -144,6 +149,7 @@ class KafkaConfig(_Strict):
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "startingOffsets": self.starting_offsets,
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            "includeHeaders": "true",
         }
         if self.topics:
             options["subscribe"] = ",".join(self.topics)

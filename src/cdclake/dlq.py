@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 from cdclake import model
 from cdclake.exceptions import ConfigError, InputError
 from cdclake.formats import get_format
+from cdclake.formats.base import MESSAGE_HEADERS
 from cdclake.pipeline import DEAD_LETTERS, PROGRESS, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import DeltaSink
@@ -360,6 +361,8 @@ def replay_dead_letters(
         *IDENTITY,
         "key",
         "value",
+        # Dead letters recorded before headers were kept have none.
+        F.col("headers") if "headers" in selected.columns else F.lit(None).cast(model.HEADERS_TYPE).alias("headers"),
         "kafka_timestamp",
         "recorded_at",
         F.lit(format_name).cast("string").alias("_use") if format_name else F.col("format").alias("_use"),
@@ -400,7 +403,8 @@ def replay_dead_letters(
 
 def _messages(group: DataFrame) -> DataFrame:
     """Raw messages under their original coordinates, so that they are ordered exactly as when first received."""
-    return group.select("key", "value", *IDENTITY, F.col("kafka_timestamp").alias("timestamp"))
+    headers = [MESSAGE_HEADERS] if MESSAGE_HEADERS in group.columns else []
+    return group.select("key", "value", *IDENTITY, F.col("kafka_timestamp").alias("timestamp"), *headers)
 
 
 def _decode_failures(spark: SparkSession, settings: PipelineSettings, group: DataFrame) -> DataFrame:

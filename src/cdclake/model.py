@@ -137,6 +137,12 @@ RAW_KEY: Final = "raw_key"
 """The Kafka key bytes as received (kept for dead letters)."""
 RAW_VALUE: Final = "raw_value"
 """The Kafka value bytes as received (kept for dead letters)."""
+RAW_HEADERS: Final = "raw_headers"
+"""The Kafka record headers as received, in order (``ARRAY<STRUCT<key, value>>``), or null when the source has none
+(kept with held messages and dead letters, so that a message decoded again reads the same headers)."""
+
+HEADERS_TYPE: Final = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+"""Type of :data:`RAW_HEADERS`: Spark's Kafka source's ``headers`` column."""
 
 COLUMN_TYPE = StructType(
     [
@@ -175,6 +181,7 @@ CANONICAL_SCHEMA: Final = StructType(
         StructField(ERROR, StringType()),
         StructField(RAW_KEY, BinaryType()),
         StructField(RAW_VALUE, BinaryType()),
+        StructField(RAW_HEADERS, HEADERS_TYPE),
     ]
 )
 """Schema of a decoded batch, in this column order."""

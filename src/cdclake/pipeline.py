@@ -58,11 +58,13 @@ from cdclake.exceptions import ConfigError
 from cdclake.formats import check_options, decode_batch, decode_batch_with_metadata, get_format
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
+    MESSAGE_HEADERS,
     METADATA_SCHEMA,
     TableMetadata,
     collect_metadata,
     not_decoded,
     unique_metadata,
+    with_headers,
 )
 from cdclake.model import Op, quote
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
@@ -146,8 +148,16 @@ PENDING_TRANSACTIONS = "pending_transactions"
 
 _MESSAGE_OF_EVENT = dict(
     zip(
-        MESSAGE_COLUMNS,
-        (model.RAW_KEY, model.RAW_VALUE, model.TOPIC, model.PARTITION, model.OFFSET, model.KAFKA_TIMESTAMP),
+        (*MESSAGE_COLUMNS, MESSAGE_HEADERS),
+        (
+            model.RAW_KEY,
+            model.RAW_VALUE,
+            model.TOPIC,
+            model.PARTITION,
+            model.OFFSET,
+            model.KAFKA_TIMESTAMP,
+            model.RAW_HEADERS,
+        ),
         strict=True,
     )
 )
@@ -408,6 +418,7 @@ class Pipeline:
         every definition known so far, earlier batches and runs included.
         """
         settings = self.settings
+        messages = with_headers(messages)
         parts: list[DataFrame] = []
         listed = sorted(settings.topic_formats)
         by_format: dict[str, list[str]] = {}
@@ -1591,8 +1602,10 @@ class Pipeline:
         if not base["held_messages"]:
             return _PendingGeneration(int(base["generation"]), 0, None)
         messages = mine.where((F.col("generation") == base["generation"]) & ~F.col("generation_header"))
+        # Held by a version that stored no headers: the table has no such column yet.
+        kept = [name for name in _MESSAGE_OF_EVENT if name in messages.columns]
         return _PendingGeneration(
-            int(base["generation"]), int(base["held_messages"]), messages.select(*_MESSAGE_OF_EVENT)
+            int(base["generation"]), int(base["held_messages"]), with_headers(messages.select(*kept))
         )
 
     def _write_pending(
@@ -1647,6 +1660,7 @@ class Pipeline:
             reason.alias("reason"),
             F.col(model.RAW_KEY).alias("key"),
             F.col(model.RAW_VALUE).alias("value"),
+            F.col(model.RAW_HEADERS).alias("headers"),
         ).dropDuplicates(["topic", "partition", "offset"])
         if self.settings.dead_letter_handler is not None:
             with self._bookkeeping.result.timed("dead_letters"):

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.exceptions import CdclakeError, SourceUnavailableError
-from cdclake.formats.base import MESSAGE_COLUMNS
+from cdclake.formats.base import MESSAGE_COLUMNS, MESSAGE_HEADERS
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, TableProperties
 from cdclake.sinks.delta import DeletionVectors
@@ -136,11 +136,11 @@ def recover_uncommitted_batch(spark: SparkSession, config: PipelineConfig, pipel
         for k, v in config.kafka.spark_options().items()
         if k not in ("startingOffsets", "maxOffsetsPerTrigger", "subscribe", "subscribePattern")
     }
-    reader = spark.read.format("kafka").options(**options)
+    reader = spark.read.format("kafka").options(**options)  # with includeHeaders (KafkaConfig.spark_options)
     reader = reader.option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in end.items()}))
     messages = reader.option("startingOffsets", json.dumps(start)).option("endingOffsets", json.dumps(end)).load()
     log.warning("re-applying batch %s that the previous run planned but did not commit", batch_id)
-    result = pipeline.process_batch(messages.select(*MESSAGE_COLUMNS), batch_id)
+    result = pipeline.process_batch(messages.select(*MESSAGE_COLUMNS, MESSAGE_HEADERS), batch_id)
     files.write(f"commits/{batch_id}", 'v1\n{"nextBatchWatermarkMs":0}')
     return result
 

@@ -181,3 +181,32 @@ def test_check_counts_the_rows_whose_key_is_null(spark, kafka, tmp_path: Path, m
     assert "2 events of inv.stock would be dead letters: a key column (code) is NULL in their row" in " ".join(
         checked.output.split()
     )
+
+
+def test_kafka_headers_reach_the_decoder(spark, kafka, tmp_path: Path) -> None:
+    """Spark's Kafka source reads headers only when asked (``includeHeaders``): a Debezium ``c`` whose
+    ``__debezium.oldkey`` header names its old key is the UPDATE of a primary-key update (debezium.md 2), the ``d``
+    beside it (``__debezium.newkey``) is not applied. Read from the broker, as a run reads it; without the headers
+    the ``c`` was an INSERT and the ``d`` a DELETE."""
+    topic = f"headers-{uuid.uuid4().hex[:8]}"
+    broker.create_topics(kafka, {topic: 1})
+    source = {"connector": "postgresql", "db": "appdb", "schema": "public", "table": "articles", "lsn": 200, "ts_ms": 1}
+
+    def change(op: str, image: dict[str, object]) -> tuple[bytes, bytes]:
+        images = {"before": image, "after": None} if op == "d" else {"before": None, "after": image}
+        value = {**images, "source": source, "op": op, "ts_ms": 1}
+        return json.dumps({"id": image["id"]}).encode(), json.dumps(value).encode()
+
+    messages = [change("d", {"id": 1, "title": None}), change("c", {"id": 2, "title": "t"})]
+    headers = [[("__debezium.newkey", b'{"id":2}')], [("__debezium.oldkey", b'{"id":1}')]]
+    broker.produce(kafka, topic, messages, partition=0, headers=headers)
+    config = PipelineConfig(
+        name="headers-test",
+        lake=str(tmp_path / "lake"),
+        kafka=KafkaConfig(bootstrap_servers=kafka, topics=[topic]),
+        format="debezium-json",
+        trigger=TriggerConfig(available_now=True),
+    )
+    report = check_pipeline(spark, config)
+    assert (report.messages, report.failed) == (2, 0)
+    assert [(t.name, t.events) for t in report.tables] == [("appdb.public.articles", {"OTHER": 1, "UPDATE": 1})]

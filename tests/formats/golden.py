@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from cdclake import model
 from cdclake.spark import local_frame
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
@@ -75,16 +76,28 @@ def messages_frame(spark: SparkSession, lines: list[dict[str, Any]], topic: str 
     return topics_frame(spark, {topic: lines})
 
 
-def topics_frame(spark: SparkSession, topics: dict[str, list[dict[str, Any]]]) -> DataFrame:
-    """Messages of several topics in one frame, each topic's at offsets 0, 1, ... of partition 0."""
+def topics_frame(spark: SparkSession, topics: dict[str, list[dict[str, Any]]], *, numbered: bool = False) -> DataFrame:
+    """Messages of several topics in one frame, each topic's at offsets 0, 1, ... of partition 0. A line's
+    ``headers`` (name -> text) become Kafka headers, and with ``numbered`` every message has the header
+    :data:`LINE_HEADER` (its offset); the frame has a ``headers`` column only when a message has some."""
+
+    def headers(line: dict[str, Any], offset: int) -> list[tuple[str, bytes]] | None:
+        given = dict(line.get("headers") or {}) | ({LINE_HEADER: str(offset)} if numbered else {})
+        return [(name, text.encode()) for name, text in given.items()] or None
+
     rows = [
-        (*message_bytes(line), topic, 0, offset, None)
+        (*message_bytes(line), topic, 0, offset, None, headers(line, offset))
         for topic, lines in topics.items()
         for offset, line in enumerate(lines)
     ]
-    return local_frame(
-        spark, rows, "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
-    )
+    schema = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
+    if not any(row[-1] is not None for row in rows):
+        return local_frame(spark, [row[:-1] for row in rows], schema)
+    return local_frame(spark, rows, f"{schema}, headers array<struct<key: string, value: binary>>")
+
+
+LINE_HEADER = "golden-line"
+"""The header :func:`topics_frame` numbers messages with; :func:`canonical_rows` gives it as ``line_header``."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -117,5 +130,8 @@ def _canonical(rows: list[Any]) -> list[dict[str, Any]]:
             elif name == "event_time" and value is not None:
                 value = value.isoformat()
             record[name] = value
+        numbered = [bytes(h["value"]).decode() for h in item.get(model.RAW_HEADERS) or [] if h["key"] == LINE_HEADER]
+        if numbered:
+            record["line_header"] = numbered[0]
         out.append(record)
     return out

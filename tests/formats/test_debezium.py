@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from decimal import Decimal, localcontext
 
@@ -136,6 +137,58 @@ def test_a_create_with_unavailable_values_left_unpaired_is_an_insert_and_a_warni
     assert "(connector: postgresql)" in warnings[0]
     assert warnings[1].startswith("1 Debezium create(s) of appdb.public.notes carry unavailable values")
     assert "(connector: oracle)" in warnings[1]
+
+
+@pytest.mark.spark
+def test_the_key_headers_make_a_primary_key_update_one_update(spark, caplog: pytest.LogCaptureFixture) -> None:
+    """debezium.md 2: a primary-key update is a ``d`` with the ``__debezium.newkey`` header and a ``c`` with
+    ``__debezium.oldkey``. The ``c`` becomes an UPDATE whose before image is the old key, for any connector and
+    without its ``d`` in the batch; the ``d`` an OTHER event of its table, not applied. Headers in the header
+    converter's forms: Kafka Connect's default (a JSON object) and the JsonConverter's with the Connect schema around
+    the payload. A header that is no JSON object leaves a message as it looks."""
+    from tests.formats.golden import canonical_rows, messages_frame
+
+    unavailable = "__debezium_unavailable_value"
+
+    def change(op: str, at: int, image: dict[str, object], key: str | None, connector: str = "postgresql") -> dict:
+        source: dict[str, object] = {"connector": connector, "db": "appdb", "schema": "public", "ts_ms": 1}
+        source |= {"table": "articles", "lsn": at} if connector == "postgresql" else {"table": "notes", "scn": at}
+        images = {"before": image, "after": None} if op == "d" else {"before": None, "after": image}
+        line: dict[str, object] = {
+            "key": {"id": image["id"]},
+            "value": {**images, "source": source, "op": op, "ts_ms": 1},
+        }
+        if key is not None:
+            line["headers"] = {f"__debezium.{'newkey' if op == 'd' else 'oldkey'}": key, "other": "x"}
+        return line
+
+    wrapped = json.dumps(
+        {"schema": {"type": "struct", "fields": [{"field": "id", "type": "int32"}]}, "payload": {"id": 5}}
+    )
+    lines = [
+        change("c", 300, {"id": 4, "title": "t", "body": unavailable}, '{"id":3}'),  # its d in another batch
+        change("d", 7, {"id": 5, "title": None, "body": None}, '{"id":6}', "oracle"),
+        change("c", 7, {"id": 6, "title": "t", "body": unavailable}, wrapped, "oracle"),
+        change("c", 8, {"id": 7, "title": "t", "body": "whole"}, '{"id":70}', "oracle"),  # whole: still a key change
+        change("d", 9, {"id": 80, "title": None, "body": None}, "Struct{id=8}"),  # not JSON: as they look
+        change("c", 9, {"id": 8, "title": "t", "body": "whole"}, "Struct{id=80}"),
+        change("c", 10, {"id": 9, "title": "t", "body": "whole"}, None),
+    ]
+    with caplog.at_level(logging.WARNING, logger="cdclake.formats.debezium"):
+        rows = canonical_rows(decode_batch(get_format("debezium-json"), messages_frame(spark, lines), {}))
+    assert [
+        (row["vendor_op"], row["op"], row["table"], row["before"], (row["after"] or {}).get("id")) for row in rows
+    ] == [
+        ("c", "UPDATE", "articles", {"id": "3"}, "4"),
+        ("d", "OTHER", "notes", None, None),
+        ("c", "UPDATE", "notes", {"id": "5"}, "6"),
+        ("c", "UPDATE", "notes", {"id": "70"}, "7"),
+        ("d", "DELETE", "articles", {"id": "80", "title": None, "body": None}, None),
+        ("c", "INSERT", "articles", None, "8"),
+        ("c", "INSERT", "articles", None, "9"),
+    ]
+    assert all(row["error"] is None for row in rows)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == []
 
 
 def _connect_value(after_fields: object, before_fields: object) -> dict[str, object]:

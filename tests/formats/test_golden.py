@@ -43,13 +43,15 @@ def _decoded_cases(spark: SparkSession, format_name: str) -> dict[str, list[dict
         inputs = {s: read_jsonl(CASES / format_name / f"{s}.input.jsonl") for s in scenarios(format_name)}
         if format_name in TOPIC_IS_A_NAME:
             _decoded[format_name] = {
-                s: canonical_rows(decode_batch(fmt, topics_frame(spark, {"golden": lines}), options))
+                s: canonical_rows(decode_batch(fmt, topics_frame(spark, {"golden": lines}, numbered=True), options))
                 for s, lines in inputs.items()
             }
         elif fmt.batch_step is None:
-            _decoded[format_name] = canonical_rows_by_topic(_reused(fmt, topics_frame(spark, inputs), options))
+            _decoded[format_name] = canonical_rows_by_topic(
+                _reused(fmt, topics_frame(spark, inputs, numbered=True), options)
+            )
         else:
-            events = _reused(fmt, topics_frame(spark, inputs), options).localCheckpoint(eager=True)
+            events = _reused(fmt, topics_frame(spark, inputs, numbered=True), options).localCheckpoint(eager=True)
             _decoded[format_name] = {
                 s: canonical_rows(fmt.batch_step(events.where(F.col(model.TOPIC) == s))) for s in inputs
             }
@@ -75,4 +77,6 @@ def test_golden(spark, format_name: str, scenario: str) -> None:
     line_index = -1  # a message may decode into several events (Canal `data` arrays): sub_index 0 starts one
     for want, have in zip(expected, actual, strict=True):
         line_index += have["sub_index"] == 0
+        # Every event keeps its message's headers (for held messages and dead letters, decoded again later).
+        assert have.pop("line_header", None) == str(max(line_index, 0)), lines[max(line_index, 0)]["case"]
         assert have == want, lines[max(line_index, 0)]["case"]

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -797,6 +797,7 @@ def produce(
     messages: Iterable[tuple[bytes | None, bytes | None]],
     *,
     partition: int | None = None,
+    headers: Sequence[Sequence[tuple[str, bytes]] | None] | None = None,
     timeout: float = 30.0,
 ) -> int:
     """Produce ``(key, value)`` records in order and wait until all are acknowledged.
@@ -810,6 +811,7 @@ def produce(
         topic: Target topic.
         messages: ``(key, value)`` pairs; either may be ``None`` (a ``None`` value is a tombstone).
         partition: Send everything to this partition instead of partitioning by key.
+        headers: Each record's headers, in the order of ``messages`` (None: none).
         timeout: Seconds to wait for the final flush.
 
     Returns:
@@ -838,10 +840,16 @@ def produce(
     target = -1 if partition is None else partition
     count = 0
     try:
-        for key, value in messages:
+        for index, (key, value) in enumerate(messages):
+            given = None if headers is None else headers[index]
+            record_headers: list[tuple[str, str | bytes | None]] | None = (
+                None if given is None else [(name, value) for name, value in given]
+            )
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, partition=target, on_delivery=on_delivery)
+                    producer.produce(
+                        topic, value=value, key=key, partition=target, headers=record_headers, on_delivery=on_delivery
+                    )
                     break
                 except BufferError:
                     # Local queue full: serve delivery reports to make room, then retry the same record.

@@ -31,6 +31,26 @@ MESSAGE_KEY: Final = "key"
 MESSAGE_VALUE: Final = "value"
 MESSAGE_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
 """Columns of a raw message frame, as the source layer delivers them (binary key/value, Kafka coordinates)."""
+MESSAGE_HEADERS: Final = "headers"
+"""The record headers of a raw message frame (:data:`cdclake.model.HEADERS_TYPE`), after :data:`MESSAGE_COLUMNS`;
+a frame without the column has none (:func:`with_headers`)."""
+
+
+def with_headers(messages: DataFrame) -> DataFrame:
+    """A raw message frame with its :data:`MESSAGE_HEADERS` column: as it is, or with null headers when it has none
+    (a capture file without headers, a frame built by hand)."""
+    if MESSAGE_HEADERS in messages.columns:
+        return messages
+    return messages.withColumn(MESSAGE_HEADERS, F.lit(None).cast(model.HEADERS_TYPE))
+
+
+@functools.cache
+def header_text(name: str) -> Column:
+    """The first header ``name`` of a raw message as text, or null when the message has no such header (nor the
+    frame a :data:`MESSAGE_HEADERS` column: see :func:`with_headers`)."""
+    matching = F.filter(F.col(MESSAGE_HEADERS), lambda header: header["key"] == F.lit(name))
+    return F.get(matching, 0)["value"].cast("string")
+
 
 FormatOptions = Mapping[str, str]
 DecodeFn = Callable[[DataFrame, FormatOptions], DataFrame]
@@ -587,7 +607,7 @@ def finish(df: DataFrame, format_name: str, format_error: Column) -> DataFrame:
             the shared checks.
     """
     # Keyed by the canonical columns present only: helper columns vary with the format's intermediate steps.
-    present = frozenset(model.CANONICAL_COLUMNS).intersection(df.columns)
+    present = frozenset((*model.CANONICAL_COLUMNS, MESSAGE_HEADERS)).intersection(df.columns)
     projection, final = _canonical_projection(format_name, present)
     projected = _stage_checks(df.select(*projection, format_error.alias("_format_error")))
     return projected.select(*final).select(*model.CANONICAL_COLUMNS)
@@ -606,6 +626,7 @@ _RENAMED_FROM_MESSAGE: Final = {
     model.KAFKA_TIMESTAMP: "timestamp",
     model.RAW_KEY: MESSAGE_KEY,
     model.RAW_VALUE: MESSAGE_VALUE,
+    model.RAW_HEADERS: MESSAGE_HEADERS,
 }
 
 
@@ -617,6 +638,8 @@ def _canonical_projection(format_name: str, present: frozenset[str]) -> tuple[tu
     for fld in model.CANONICAL_SCHEMA.fields:
         if fld.name == model.FORMAT:
             column = F.lit(format_name)
+        elif fld.name == model.RAW_HEADERS:
+            column = F.col(MESSAGE_HEADERS) if MESSAGE_HEADERS in present else F.lit(None)
         elif fld.name in _RENAMED_FROM_MESSAGE:
             column = F.col(_RENAMED_FROM_MESSAGE[fld.name])
         elif fld.name == model.ERROR:

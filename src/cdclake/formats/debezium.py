@@ -29,10 +29,13 @@ Choices where the specs are silent (documented here once):
 * Ordering (``debezium_position``): PostgreSQL ``lsn``; MySQL binlog file number, ``pos``, ``row``; Oracle
   ``commit_scn`` (``scn`` for snapshot rows) then ``scn``; SQL Server ``commit_lsn``, ``change_lsn``,
   ``event_serial_no``. MySQL GTID-only sources and other connectors get no position (Kafka order).
-* A primary-key update's ``c`` with unavailable values is paired with its ``d`` by table and position in the batch
-  and becomes an UPDATE from the old key (:func:`key_changes_rejoined`), PostgreSQL and MySQL only; the
-  ``__debezium.oldkey`` / ``__debezium.newkey`` headers are not read (the source layer passes no Kafka headers).
-  Such a ``c`` left unpaired stays an insert lacking those columns, with a warning naming its table.
+* A primary-key update (debezium.md 2): the ``c`` with the ``__debezium.oldkey`` header is an UPDATE from the old
+  key (the header's key columns are its before image), and the ``d`` with ``__debezium.newkey`` is an OTHER event
+  (not applied: the UPDATE retires the old key, and the new key's row takes what the ``c`` lacks from the old row),
+  in whatever order and batches they come. Without the headers (a capture without them, a header converter that
+  does not write JSON), a ``c`` with unavailable values is paired with its ``d`` by table and position in the batch
+  and becomes such an UPDATE (:func:`key_changes_rejoined`), PostgreSQL and MySQL only; one left unpaired stays an
+  insert lacking those columns, with a warning naming its table.
 * Lindorm: no position (lindorm-debezium.md "Ordering": the Kafka order is the order); SQL tables carry no key
   (configure ``keys``); HBase tables (recognised by a ``ROW`` column) declare every column ``binary`` and are keyed
   by the hex text of ``ROW`` in ``model.ROW_ID_COLUMN`` (see :func:`with_row_id`).
@@ -65,6 +68,7 @@ from cdclake.formats._json_images import (
 )
 from cdclake.formats.base import (
     DUPLICATE_KEY,
+    MESSAGE_HEADERS,
     MESSAGE_KEY,
     MESSAGE_VALUE,
     CdcFormat,
@@ -72,6 +76,7 @@ from cdclake.formats.base import (
     epoch_timestamp,
     finish,
     first_error,
+    header_text,
     op_from_code,
     with_missing_as_null,
     with_unique_keys,
@@ -85,6 +90,11 @@ LINDORM_NAME: Final = "lindorm-debezium"
 
 PLACEHOLDER: Final = "__debezium_unavailable_value"
 """debezium.md 6: default ``unavailable.value.placeholder``."""
+
+OLD_KEY_HEADER: Final = "__debezium.oldkey"
+"""debezium.md 2: the Kafka header of the ``c`` half of a primary-key update, holding the row's old key."""
+NEW_KEY_HEADER: Final = "__debezium.newkey"
+"""debezium.md 2: the Kafka header of the ``d`` half of a primary-key update, holding the row's new key."""
 
 # debezium.md 2, "Canonical mapping".
 OPERATIONS: Final = {
@@ -157,6 +167,18 @@ def _key_columns(key: Column) -> Column:
     is_wrapped = F.map_contains_key(bare, "schema") & payload_names.isNotNull()
     keys = F.when(is_wrapped, payload_names).otherwise(F.map_keys(bare))
     return F.coalesce(keys, F.array().cast("array<string>"))
+
+
+@functools.cache
+def _key_header_image(name: str) -> Column:
+    """The key columns in header ``name`` as a raw image (``MAP<STRING, VARIANT>``, as ``_p.before``), or null when
+    the message has no such header or it is not a JSON object. Debezium writes the key there as the worker's header
+    converter renders it: Kafka Connect's default (``SimpleHeaderConverter``) writes a key struct as a JSON object,
+    the ``JsonConverter`` with or without the Connect schema (``payload``) around it."""
+    read = F.from_json(header_text(name), "MAP<STRING, VARIANT>")
+    payload = F.try_variant_get(read["payload"], "$", "MAP<STRING, VARIANT>")
+    image = F.when(F.map_contains_key(read, "schema") & payload.isNotNull(), payload).otherwise(read)
+    return F.when(F.size(image) > 0, image)
 
 
 def _binlog_number(file: Column) -> Column:
@@ -306,7 +328,25 @@ def decode_parsed(
     unavailable = (placeholder, base64.b64encode(placeholder.encode()).decode())
     m, p = F.col("_m"), F.col("_p")
     source = p["source"]
-    staged = image_stages(parsed, p, declared_or_inferred_fields(), unavailable)
+    # debezium.md 2: a primary-key update is a ``d`` of the old key with the ``__debezium.newkey`` header and a ``c``
+    # of the new key with ``__debezium.oldkey``. Their Kafka keys differ, so they may come in either order, in
+    # different batches. The ``c`` is the UPDATE from the old key (its before image), which retires the old key's
+    # row and moves it: the new key's row takes what the ``c`` lacks (unavailable values) from it
+    # (``apply.moves_made_whole``). So the ``d`` must not delete that row first: it is an OTHER event, not applied.
+    # Headers unreadable as a JSON object leave both as they look (a delete and an insert).
+    if MESSAGE_HEADERS in parsed.columns:
+        parsed = parsed.select(
+            "*",
+            F.when(p["op"] == "c", _key_header_image(OLD_KEY_HEADER)).alias("_old_key"),
+            F.coalesce((p["op"] == "d") & _key_header_image(NEW_KEY_HEADER).isNotNull(), F.lit(False)).alias(
+                "_moved_away"
+            ),
+        )
+        moved, moved_away = F.col("_old_key").isNotNull(), F.col("_moved_away")
+        payload = p.withField("before", F.coalesce(F.col("_old_key"), p["before"]))
+    else:
+        moved, moved_away, payload = F.lit(False), F.lit(False), p
+    staged = image_stages(parsed, payload, declared_or_inferred_fields(), unavailable)
     staged = staged.select("*", debezium_position(source).alias("_position"))
     tombstone = F.col(MESSAGE_VALUE).isNull()
     is_data = p["op"].isNotNull()
@@ -334,6 +374,8 @@ def decode_parsed(
     # and never applied: the delete before it already removed the row.
     op = (
         F.when(tombstone, F.lit(Op.OTHER.value))
+        .when(is_data & moved, F.lit(Op.UPDATE.value))
+        .when(is_data & moved_away, F.lit(Op.OTHER.value))
         .when(is_data, op_from_code(p["op"], _DATA_OPS))
         .when(is_txn, op_from_code(p["status"], {"BEGIN": Op.TXN_BEGIN, "END": Op.TXN_END}))
         .when(is_ddl, F.lit(Op.DDL.value))
@@ -342,7 +384,7 @@ def decode_parsed(
     is_row = op.isin(*(o.value for o in model.ROW_OPS))
     position = F.col("_position")
     ddl_text = F.coalesce(p["ddl"], F.get_json_object(p["historyRecord"], "$.ddl"))
-    with_table = is_row | (op == Op.TRUNCATE.value) | is_ddl
+    with_table = is_row | (op == Op.TRUNCATE.value) | is_ddl | moved_away
     decoded = staged.select(
         "*",
         op.alias(model.OP),
@@ -403,8 +445,8 @@ def key_changes_rejoined(events: DataFrame) -> DataFrame:
     Paired by table and position, for the connectors whose position is one row's (:data:`ROW_POSITION_CONNECTORS`),
     where the batch holds one old key (``d`` before image) and one new row (``c`` after image) at that position
     (re-sent copies are the same). A ``d`` and a ``c`` in different batches are not paired: the ``c`` stays an
-    insert (the ``__debezium.oldkey`` header that names its old key is not read). A batch step: it reads the whole
-    batch, from a local checkpoint, and only a batch with such a ``c`` pays for the join.
+    insert. A batch step: it reads the whole batch, from a local checkpoint, and only a batch with such a ``c`` pays
+    for the join. Only for messages without the key headers: with them, the decoder made the pair already.
 
     A ``c`` with unavailable values left unpaired (its ``d`` in another batch, or a connector whose position is not
     one row's) is applied as the insert it looks like, and its row lacks those columns' values: a warning per batch
@@ -421,7 +463,12 @@ def key_changes_rejoined(events: DataFrame) -> DataFrame:
         return events
     partial_create = any_partial_create & row_positioned
     at = [model.DB_TYPE, model.DATABASE, model.SCHEMA, model.TABLE, model.POSITION]
-    pair_ops = (F.col(model.VENDOR_OP).isin("c", "d")) & row_positioned & F.col(model.ERROR).isNull()
+    pair_ops = (
+        F.col(model.VENDOR_OP).isin("c", "d")
+        & F.col(model.OP).isin(Op.INSERT.value, Op.DELETE.value)
+        & row_positioned
+        & F.col(model.ERROR).isNull()
+    )
     deleted = F.when(F.col(model.VENDOR_OP) == "d", F.to_json(F.col(model.BEFORE)))
     created = F.when(F.col(model.VENDOR_OP) == "c", F.to_json(F.col(model.AFTER)))
     pairs = (
@@ -463,8 +510,8 @@ def _warn_unpaired(creates: DataFrame) -> None:
             "%d Debezium create(s) of %s carry unavailable values (the second half of a primary-key update) without "
             "the delete of their old key at the same position in this batch: applied as inserts, so those columns "
             "keep what the new key's lake row holds (NULL in a new row) instead of the old row's values. A key "
-            "change is made whole only when both halves are in one batch at one PostgreSQL or MySQL position "
-            "(connector: %s); the __debezium.oldkey header is not read",
+            "change is made whole when the create has the __debezium.oldkey header, or else when both halves are in "
+            "one batch at one PostgreSQL or MySQL position (connector: %s)",
             row["count"],
             name,
             row[model.DB_TYPE],

@@ -48,6 +48,7 @@ from cdclake import model
 from cdclake.formats import _plans, register
 from cdclake.formats.base import (
     MESSAGE_COLUMNS,
+    MESSAGE_HEADERS,
     MESSAGE_VALUE,
     CdcFormat,
     FormatOptions,
@@ -249,8 +250,10 @@ def _part(frame: DataFrame, error: Column, **values: Column) -> DataFrame:
     unknown = set(values) - set(_PART_FIELDS)
     if unknown:
         raise ValueError(f"not a canonical column of qlik-avro: {sorted(unknown)}")
+    headers = [MESSAGE_HEADERS] if MESSAGE_HEADERS in frame.columns else []
     return frame.select(
         *MESSAGE_COLUMNS,
+        *headers,
         *(values.get(name, F.lit(None)).cast(types[name]).alias(name) for name in _PART_FIELDS),
         error.cast("string").alias(_ERROR),
     )

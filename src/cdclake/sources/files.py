@@ -20,7 +20,9 @@ from typing import Any, Literal
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdclake import model
 from cdclake.exceptions import InputError
+from cdclake.formats.base import MESSAGE_HEADERS
 from cdclake.spark import release, session_settings
 
 InputEncoding = Literal["lines", "b64", "records"]
@@ -32,7 +34,12 @@ write Avro messages), else the text of ``value`` (``payload`` as ``kcat -J`` wri
 KEY_FIELDS = ("key_b64", "key")
 TIMESTAMP_FIELDS = ("timestamp", "ts")
 """Epoch milliseconds (``ts`` as ``kcat -J`` writes it) or ISO-8601 text."""
-_RECORD_SCHEMA = ", ".join(f"`{name}` STRING" for name in (*VALUE_FIELDS, *KEY_FIELDS, *TIMESTAMP_FIELDS))
+HEADERS_FIELD = "headers"
+"""A record's headers: names and values in turn (``["name", "value", ...]``, as ``kcat -J`` writes them), or an
+object of name -> value."""
+_RECORD_SCHEMA = ", ".join(
+    f"`{name}` STRING" for name in (*VALUE_FIELDS, *KEY_FIELDS, *TIMESTAMP_FIELDS, HEADERS_FIELD)
+)
 LINES_PER_FILE_LIMIT = 2**40
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
@@ -185,11 +192,12 @@ def read_file(spark: SparkSession, path: str | Path, index: int, encoding: Input
         )
     line = F.col("line")
     key, timestamp = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
+    headers = F.lit(None).cast(model.HEADERS_TYPE)
     if encoding == "b64":
         # A line that is not valid base64 is kept as its text, so that the dead letter shows it.
         value = F.coalesce(F.try_to_binary(F.trim(line), F.lit("base64")), F.encode(line, "UTF-8"))
     elif encoding == "records":
-        key, value, timestamp = record_columns(line)
+        key, value, timestamp, headers = record_columns(line)
     else:
         value = F.encode(line, "UTF-8")
     messages = lines.select(
@@ -199,6 +207,7 @@ def read_file(spark: SparkSession, path: str | Path, index: int, encoding: Input
         F.lit(0).alias("partition"),
         F.col("offset"),
         timestamp.alias("timestamp"),
+        headers.alias(MESSAGE_HEADERS),
     )
     extent = lines.agg(F.count(F.lit(1)), F.max(F.col("offset") % F.lit(LINES_PER_FILE_LIMIT))).first()
     assert extent is not None
@@ -215,10 +224,11 @@ def location(topic: str, offset: int) -> tuple[str, int] | None:
     return topic, offset % LINES_PER_FILE_LIMIT + 1
 
 
-def record_columns(line: Column) -> tuple[Column, Column, Column]:
-    """Key, value and timestamp of a capture line that holds a Kafka record as a JSON object: ``kcat -J`` output
-    (``key``, ``payload``, ``ts``), a dump with ``key``/``value``/``timestamp``, the format specifications' example
-    files (``key``, ``value``, ``value_avro_b64``).
+def record_columns(line: Column) -> tuple[Column, Column, Column, Column]:
+    """Key, value, timestamp and headers of a capture line that holds a Kafka record as a JSON object: ``kcat -J``
+    output (``key``, ``payload``, ``ts``, ``headers``), a dump with ``key``/``value``/``timestamp``, the format
+    specifications' example files (``key``, ``value``, ``value_avro_b64``). Header values are the text given (an
+    object or array as its JSON text).
 
     A JSON string is the message's text exactly. An object or array is the message as Spark's JSON writer renders it:
     numbers with a fraction pass through a double (``7.50`` becomes ``7.5``), so a capture that needs exact numbers
@@ -255,4 +265,23 @@ def record_columns(line: Column) -> tuple[Column, Column, Column]:
         F.when(is_record, message(KEY_FIELDS)).otherwise(null_binary),
         F.when(is_record, message(VALUE_FIELDS)).otherwise(F.encode(line, "UTF-8")),
         F.when(is_record, timestamp).otherwise(null_time),
+        F.when(is_record, _headers(record[HEADERS_FIELD])),
+    )
+
+
+def _headers(text: Column) -> Column:
+    """A record's ``headers`` field (:data:`HEADERS_FIELD`) as Kafka headers; null when absent or neither form."""
+
+    def header(name: Column, value: Column) -> Column:
+        return F.struct(name.alias("key"), F.encode(value, "UTF-8").alias("value"))
+
+    in_turns = F.from_json(text, "ARRAY<STRING>")
+    names = F.filter(in_turns, lambda _item, index: index % 2 == 0)
+    values = F.filter(in_turns, lambda _item, index: index % 2 == 1)
+    by_name = F.map_entries(F.from_json(text, "MAP<STRING, STRING>"))
+    trimmed = F.ltrim(text)
+    return (
+        F.when(trimmed.startswith("["), F.zip_with(names, values, header))
+        .when(trimmed.startswith("{"), F.transform(by_name, lambda entry: header(entry["key"], entry["value"])))
+        .cast(model.HEADERS_TYPE)
     )

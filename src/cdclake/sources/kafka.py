@@ -10,16 +10,16 @@ from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.exceptions import SourceUnavailableError
-from cdclake.formats.base import MESSAGE_COLUMNS
+from cdclake.formats.base import MESSAGE_COLUMNS, MESSAGE_HEADERS
 from cdclake.spark import jvm_causes
 
 
 def read_stream(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
-    """A streaming raw message frame from Kafka; ``options`` are Spark Kafka source options."""
-    reader = spark.readStream.format("kafka")
+    """A streaming raw message frame from Kafka, headers included; ``options`` are Spark Kafka source options."""
+    reader = spark.readStream.format("kafka").option("includeHeaders", "true")
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load().select(*MESSAGE_COLUMNS)
+    return reader.load().select(*MESSAGE_COLUMNS, MESSAGE_HEADERS)
 
 
 def read_batch(
@@ -32,7 +32,7 @@ def read_batch(
     skipped = {"startingOffsets", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
     if start is not None:
         skipped |= {"subscribe", "subscribePattern"}
-    reader = spark.read.format("kafka")
+    reader = spark.read.format("kafka").option("includeHeaders", "true")
     for key, value in options.items():
         if key not in skipped:
             reader = reader.option(key, value)
@@ -43,7 +43,7 @@ def read_batch(
         reader = reader.option("assign", json.dumps(assigned)).option("startingOffsets", json.dumps(start))
     frame = reader.option("endingOffsets", "latest").load()
     try:
-        return frame.select(*MESSAGE_COLUMNS).limit(limit).localCheckpoint(eager=True)
+        return frame.select(*MESSAGE_COLUMNS, MESSAGE_HEADERS).limit(limit).localCheckpoint(eager=True)
     except (Py4JJavaError, CapturedException) as exc:
         reason = failure_reason(exc)
         if reason is None:
