@@ -48,8 +48,11 @@ def with_headers(messages: DataFrame) -> DataFrame:
 def header_text(name: str) -> Column:
     """The first header ``name`` of a raw message as text, or null when the message has no such header (nor the
     frame a :data:`MESSAGE_HEADERS` column: see :func:`with_headers`)."""
-    matching = F.filter(F.col(MESSAGE_HEADERS), lambda header: header["key"] == F.lit(name))
-    return F.get(matching, 0)["value"].cast("string")
+    # array_position rather than a filter lambda: Spark interprets higher-order functions (no code generation),
+    # which cost Debezium JSON a sixth of its decode time with one header per message.
+    headers = F.col(MESSAGE_HEADERS)
+    position = F.array_position(headers["key"], name)
+    return F.when(position > 0, F.element_at(headers["value"], position.cast("int")).cast("string"))
 
 
 FormatOptions = Mapping[str, str]
