@@ -1,5 +1,5 @@
 """Capture files: messages in file order with their line of the file, and read as Kafka records (``--input-encoding
-records``): key, value and timestamp per line."""
+records``): key, value, timestamp and headers per line."""
 
 from __future__ import annotations
 

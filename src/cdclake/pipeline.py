@@ -409,8 +409,8 @@ class Pipeline:
     # -------------------------------------------------------------------------------------------------------------
 
     def decode(self, messages: DataFrame, txn: Txn | None = None, *, store: bool = True) -> DataFrame:
-        """Raw messages (key, value, topic, partition, offset, timestamp) -> canonical events, with the column types
-        of ``column_types``.
+        """Raw messages (key, value, topic, partition, offset, timestamp, and headers if the frame has them) ->
+        canonical events, with the column types of ``column_types``.
 
         Formats with table definitions in their own messages (``CdcFormat.metadata``, Qlik MD) first hand over the
         batch's definitions (all topics of the format), which are stored in ``<lake>/_cdclake/metadata`` (once per

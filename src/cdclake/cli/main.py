@@ -275,8 +275,8 @@ def replay(
         str,
         typer.Option(
             help="lines: one JSON message per line; b64: one base64 binary message per line; records: one Kafka "
-            "record per line, a JSON object with the message and its key and timestamp (kcat -J output, or "
-            "key/value/timestamp; README: Replay captured messages)."
+            "record per line, a JSON object with the message and its key, timestamp and headers (kcat -J output, "
+            "or key/value/timestamp/headers; README: Replay captured messages)."
         ),
     ] = "lines",
     keys: Annotated[

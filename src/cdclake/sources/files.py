@@ -1,5 +1,5 @@
 """Captured messages in files, for replay and backfill: one message per line, as JSON text (``lines``), base64 of its
-bytes (``b64``), or a Kafka record with key and timestamp (``records``, see :func:`record_columns`).
+bytes (``b64``), or a Kafka record with key, timestamp and headers (``records``, see :func:`record_columns`).
 
 Messages keep file order: ``offset`` is ``file_index * 2**40 + line_index`` (so it sorts by file, then line) and
 ``topic`` is the file path. The line index counts every line of the file from 0, blank ones too (they hold no

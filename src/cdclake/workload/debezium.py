@@ -388,10 +388,11 @@ class _Writer:
         if change.op == "UPDATE" and _changes_key(change):
             # debezium.md 2: an update of the primary key is a `d` of the old key (and its tombstone), then a `c` of
             # the new one, at the update's position. The `c` carries every column here: the renderer does not model
-            # unavailable values on it (the `__debezium.oldkey` header that would link it to the old row is not
-            # rendered either; cdclake does not read it). cdclake pairs a partial `c` with its `d` by their
-            # position within a batch only (formats.debezium.key_changes_rejoined), so a stream split between them
-            # would not end as its truth; tests/test_key_changes.py covers the pairing.
+            # unavailable values on it, nor the `__debezium.oldkey` / `__debezium.newkey` headers that link the two
+            # (a Message has no headers, and the capture lines the tests replay could not carry them). Without the
+            # headers cdclake pairs a partial `c` with its `d` by position within a batch only
+            # (formats.debezium.key_changes_rejoined), so a stream split between them would not end as its truth;
+            # tests/test_key_changes.py covers the pairing and the headers.
             deleted = dataclasses.replace(change, op="DELETE", after=None)
             created = dataclasses.replace(change, op="INSERT", before=None)
             return [*self.data_event(deleted, position, transaction), *self.data_event(created, position, transaction)]
