@@ -418,7 +418,6 @@ class Pipeline:
         every definition known so far, earlier batches and runs included.
         """
         settings = self.settings
-        messages = with_headers(messages)
         parts: list[DataFrame] = []
         listed = sorted(settings.topic_formats)
         by_format: dict[str, list[str]] = {}
