@@ -361,8 +361,8 @@ def replay_dead_letters(
         *IDENTITY,
         "key",
         "value",
-        # Dead letters recorded before headers were kept have none.
-        F.col("headers") if "headers" in selected.columns else F.lit(None).cast(model.HEADERS_TYPE).alias("headers"),
+        # Dead letters recorded before headers were kept have no such column (_messages reads it where there is).
+        *([MESSAGE_HEADERS] if MESSAGE_HEADERS in selected.columns else []),
         "kafka_timestamp",
         "recorded_at",
         F.lit(format_name).cast("string").alias("_use") if format_name else F.col("format").alias("_use"),

@@ -64,7 +64,6 @@ from cdclake.formats.base import (
     collect_metadata,
     not_decoded,
     unique_metadata,
-    with_headers,
 )
 from cdclake.model import Op, quote
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
@@ -1601,11 +1600,10 @@ class Pipeline:
         if not base["held_messages"]:
             return _PendingGeneration(int(base["generation"]), 0, None)
         messages = mine.where((F.col("generation") == base["generation"]) & ~F.col("generation_header"))
-        # Held by a version that stored no headers: the table has no such column yet.
+        # Held by a version that stored no headers: the table has no such column yet (the batch's union with the
+        # new messages allows missing columns).
         kept = [name for name in _MESSAGE_OF_EVENT if name in messages.columns]
-        return _PendingGeneration(
-            int(base["generation"]), int(base["held_messages"]), with_headers(messages.select(*kept))
-        )
+        return _PendingGeneration(int(base["generation"]), int(base["held_messages"]), messages.select(*kept))
 
     def _write_pending(
         self, base: _PendingGeneration, held_events: DataFrame, held_count: int, batch_id: int, txn: Txn | None

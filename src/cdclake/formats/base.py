@@ -33,21 +33,13 @@ MESSAGE_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "times
 """Columns of a raw message frame, as the source layer delivers them (binary key/value, Kafka coordinates)."""
 MESSAGE_HEADERS: Final = "headers"
 """The record headers of a raw message frame (:data:`cdclake.model.HEADERS_TYPE`), after :data:`MESSAGE_COLUMNS`;
-a frame without the column has none (:func:`with_headers`)."""
-
-
-def with_headers(messages: DataFrame) -> DataFrame:
-    """A raw message frame with its :data:`MESSAGE_HEADERS` column: as it is, or with null headers when it has none
-    (a capture file without headers, a frame built by hand)."""
-    if MESSAGE_HEADERS in messages.columns:
-        return messages
-    return messages.withColumn(MESSAGE_HEADERS, F.lit(None).cast(model.HEADERS_TYPE))
+a frame without the column has none."""
 
 
 @functools.cache
 def header_text(name: str) -> Column:
     """The first header ``name`` of a raw message as text, or null when the message has no such header. For frames
-    with a :data:`MESSAGE_HEADERS` column only (a decoder checks, or :func:`with_headers` adds one)."""
+    with a :data:`MESSAGE_HEADERS` column only (a decoder checks first)."""
     # array_position rather than a filter lambda: Spark interprets higher-order functions (no code generation); with
     # a lambda, Debezium JSON decoding took 17% longer with one header per message than without, now 6%.
     headers = F.col(MESSAGE_HEADERS)

@@ -192,8 +192,8 @@ def read_file(spark: SparkSession, path: str | Path, index: int, encoding: Input
         )
     line = F.col("line")
     key, timestamp = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
-    # Only records have headers: without the column, the decoders and the events carry none (a null column
-    # through every step of a batch cost rendered-stream replays about 7%).
+    # Only records have headers: other capture files get no such column rather than a null one, so their batches
+    # decode as they did before headers were read.
     headers: list[Column] = []
     if encoding == "b64":
         # A line that is not valid base64 is kept as its text, so that the dead letter shows it.
