@@ -337,6 +337,7 @@ def test_cli_list_and_replay(spark, lake, tmp_path: Path, monkeypatch: pytest.Mo
     assert "3 dead letters, 3 unresolved" in listed.output
     assert "does not fit" in listed.output
     assert "one dozen" in listed.output  # the raw value
+    assert "headers" not in listed.output  # no message has any: no column for them
     limited = runner.invoke(app, ["dlq", "list", "--lake", lake, "--reason", "malformed", "--limit", "1"])
     assert "1 dead letters, 1 unresolved" in limited.output
 
@@ -478,7 +479,7 @@ def test_the_messages_that_still_fail_are_the_golden_failures_of_every_format(
     assert len(optimized) < 5_000, optimized[:2_000]
 
 
-def test_a_dead_letter_keeps_its_headers_for_its_replay(spark, lake) -> None:
+def test_a_dead_letter_keeps_its_headers_for_its_replay(spark, lake, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Debezium primary-key update whose ``c`` is a dead letter (here: its topic has no format) while its ``d``
     (``__debezium.newkey``, not applied) decodes: the old key's row stays until the ``c`` is replayed, and the
     replay reads the ``c``'s ``__debezium.oldkey`` header again, from the dead letter, so that the ``c`` moves the
@@ -515,6 +516,13 @@ def test_a_dead_letter_keeps_its_headers_for_its_replay(spark, lake) -> None:
     assert [[(h["key"], bytes(h["value"])) for h in row["headers"]] for row in stored] == [
         [("__debezium.oldkey", b'{"ID":1}')]
     ]
+    [dead] = list_dead_letters(spark, lake).dead_letters
+    assert dead.headers == (("__debezium.oldkey", b'{"ID":1}'),)
+    monkeypatch.delenv("COLUMNS", raising=False)  # one table row per line, nothing cut (test_cli_list_and_replay)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    listed = CliRunner().invoke(app, ["dlq", "list", "--lake", lake, "--show-value"])
+    assert listed.exit_code == 0, listed.output
+    assert '__debezium.oldkey: {"ID":1}' in listed.output
     report = replay_dead_letters(spark, lake, format_name="debezium-json")
     assert (report.selected, report.applied) == (1, 1)
     assert rows() == [(2, "two", "text 1")]

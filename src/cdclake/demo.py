@@ -50,7 +50,7 @@ def _produce(bootstrap: str, topic: str, events: int) -> tuple[SourceHistory, in
         seed=7,
     )
     broker.create_topics(bootstrap, {topic: 2})
-    broker.produce(bootstrap, topic, [(m.key, m.value) for m in messages])
+    broker.produce(bootstrap, topic, [(m.key, m.value) for m in messages], headers=[m.headers for m in messages])
     return history, len(messages)
 
 

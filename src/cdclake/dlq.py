@@ -40,7 +40,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Final
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cdclake import model
@@ -131,6 +131,8 @@ class DeadLetter:
     """When a replay applied it; None while unresolved."""
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    """The message's Kafka headers (name, value), in order; none for dead letters recorded before they were kept."""
 
     @property
     def resolved(self) -> bool:
@@ -254,6 +256,7 @@ def list_dead_letters(
         rows = (ordered.limit(limit) if limit is not None else ordered).collect()
     finally:
         selected.unpersist()
+    has_headers = MESSAGE_HEADERS in selected.columns  # not in a table written before headers were kept
     dead_letters = [
         DeadLetter(
             topic=row["topic"],
@@ -270,10 +273,15 @@ def list_dead_letters(
             resolved_at=row["resolved_at"],
             key=None if row["key"] is None else bytes(row["key"]),
             value=None if row["value"] is None else bytes(row["value"]),
+            headers=_headers(row[MESSAGE_HEADERS] if has_headers else None),
         )
         for row in rows
     ]
     return DeadLetterList(dead_letters, counts["matched"], counts["unresolved"])
+
+
+def _headers(stored: Sequence[Row] | None) -> tuple[tuple[str, bytes | None], ...]:
+    return tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in stored or ())
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from cdclake.formats import get_format
 from cdclake.pipeline import BatchResult
 from cdclake.runner import replay
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, RenderOptions, SourceHistory, render, to_jsonl
-from cdclake.workload.renderers import RenderedStream, to_lines
+from cdclake.workload.renderers import RenderedStream, to_capture
 
 
 def workload(seed: int = 11, events: int = 300, **options: object) -> tuple[SourceHistory, list[Message]]:
@@ -105,20 +105,21 @@ RENDERED_SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, trans
 def replay_in_two_batches(
     spark: SparkSession, directory: Path, stream: RenderedStream, format_name: str, **settings: Any
 ) -> tuple[str, list[BatchResult]]:
-    """Writes a rendered stream to a capture file in ``directory`` (base64 lines for a binary format) and replays
+    """Writes a rendered stream to a capture file in ``directory`` (base64 lines for a binary format, records when
+    its messages have headers: ``cdclake.workload.renderers.to_capture``) and replays
     it into ``directory/lake`` in two batches with the stream's keys and format options (and ``settings``, extra
     arguments of ``cdclake.runner.replay``); returns the lake and the batch results."""
     binary = get_format(format_name).encoding == "binary"
     capture = directory / "capture.txt"
-    capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
+    text, encoding, captured = to_capture(stream.messages, binary=binary)
+    capture.write_text(text, encoding="utf-8")
     lake = str(directory / "lake")
-    captured = sum(1 for m in stream.messages if m.value is not None)
     results = replay(
         spark,
         lake=lake,
         format_name=format_name,
         paths=[str(capture)],
-        encoding="b64" if binary else "lines",
+        encoding=encoding,
         keys=stream.keys,
         format_options=stream.format_options,
         batch_lines=captured // 2 + 1,
@@ -138,7 +139,7 @@ def topic_with(bootstrap: str, messages: list[Message], partitions: int = 2) -> 
     name = f"dw-{uuid.uuid4().hex[:8]}"
     broker.create_topics(bootstrap, {name: partitions})
     if messages:
-        broker.produce(bootstrap, name, [(m.key, m.value) for m in messages])
+        broker.produce(bootstrap, name, [(m.key, m.value) for m in messages], headers=[m.headers for m in messages])
     return name
 
 

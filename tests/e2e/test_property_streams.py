@@ -23,7 +23,7 @@ from cdclake.devtools.verify import compare_lake, describe
 from cdclake.formats import get_format
 from cdclake.runner import replay
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
-from cdclake.workload.renderers import to_lines
+from cdclake.workload.renderers import to_capture
 
 pytestmark = pytest.mark.spark
 
@@ -93,17 +93,17 @@ def test_any_history_in_any_format_and_batch_split_ends_as_the_truth(
     history = SourceHistory.generate(config)
     stream = render_stream(format_name, history, shape, seed=render_seed)
     binary = get_format(format_name).encoding == "binary"
-    captured = sum(1 for m in stream.messages if m.value is not None)
+    text, encoding, captured = to_capture(stream.messages, binary=binary)
     with tempfile.TemporaryDirectory(prefix="cdclake-property-") as scratch:
         capture = Path(scratch) / "capture.txt"
-        capture.write_text(to_lines(stream.messages, binary=binary), encoding="utf-8")
+        capture.write_text(text, encoding="utf-8")
         lake = str(Path(scratch) / "lake")
         results = replay(
             spark,
             lake=lake,
             format_name=format_name,
             paths=[str(capture)],
-            encoding="b64" if binary else "lines",
+            encoding=encoding,
             keys=stream.keys,
             format_options=stream.format_options,
             batch_lines=max(1, -(-captured // batches)),

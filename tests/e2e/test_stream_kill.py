@@ -88,7 +88,8 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(spark,
     stream = render_stream(format_name, history, shape, seed=seed)
     topic = f"killed-{uuid.uuid4().hex[:8]}"
     broker.create_topics(kafka, {topic: 1})
-    broker.produce(kafka, topic, [(m.key, m.value) for m in stream.messages], partition=0)
+    records = [(m.key, m.value) for m in stream.messages]
+    broker.produce(kafka, topic, records, partition=0, headers=[m.headers for m in stream.messages])
     lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "ckpt")
     config = PipelineConfig(
         name="killed",

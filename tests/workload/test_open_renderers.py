@@ -454,3 +454,30 @@ def test_expected_differs_from_the_truth_only_where_documented(rich: SourceHisto
     assert all(r["updated_at"] is None or len(r["updated_at"]) == 23 for r in customer)
     lindorm = render_stream("lindorm-debezium", rich, SHAPE, seed=3).expected_truth(rich)
     assert all(t.primary_key for t in rich.tables if t.ident in lindorm)
+
+
+def test_debezium_key_updates_name_each_others_key_in_their_headers() -> None:
+    """debezium.md 2: a primary-key update is a ``d`` with the ``__debezium.newkey`` header (the new key) and a
+    ``c`` with ``__debezium.oldkey`` (the old key), each holding the key as the Kafka key is written. Re-sent copies
+    keep them; no other message has headers."""
+    config = HistoryConfig(seed=3, tables=2, events=200, keys_per_table=12, keyless_tables=1, key_update_ratio=0.5)
+    stream = render_stream("debezium-json", SourceHistory.generate(config), RenderOptions(resends=2), seed=5)
+    messages = stream.messages
+    linked = [i for i, m in enumerate(messages) if m.headers and not m.is_resend]
+    assert len(linked) >= 10
+    for i in linked:
+        message = messages[i]
+        if message.description.startswith("d "):
+            # the d, its tombstone (no headers), then the c of the new key, which names the d's key
+            assert message.headers == (("__debezium.newkey", messages[i + 2].key),)
+            assert messages[i + 1].value is None
+            assert not messages[i + 1].headers
+            assert messages[i + 2].headers == (("__debezium.oldkey", message.key),)
+        else:
+            assert message.description.startswith("c ")
+            assert messages[i - 2].headers == (("__debezium.newkey", message.key),)
+    originals = {(m.key, m.value): m.headers for m in messages if not m.is_resend}
+    resent = [m for m in messages if m.is_resend and originals[(m.key, m.value)]]
+    assert resent
+    assert all(originals[(m.key, m.value)] == m.headers for m in resent)
+    assert all(m.description.removeprefix("resend: ").split(" ")[0] in ("c", "d") for m in messages if m.headers)

@@ -669,7 +669,7 @@ def dlq_list(
     since: SinceOption = None,
     include_resolved: Annotated[bool, typer.Option("--all", help="Also list resolved dead letters.")] = False,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
-    show_value: Annotated[bool, typer.Option(help="Also show the raw key and value.")] = False,
+    show_value: Annotated[bool, typer.Option(help="Also show the raw key and value, and any Kafka headers.")] = False,
 ) -> None:
     """Dead letters in message order, with the newest reason and whether a replay applied them."""
     from cdclake.dlq import list_dead_letters
@@ -682,7 +682,9 @@ def dlq_list(
         out.print(f"no {'' if include_resolved else 'unresolved '}dead letters match in {lake}")
         return
     columns = [*MESSAGE_COLUMNS, "format", "table", "reason", "recorded at", "state"]
-    grid = Table(*columns, *(["key", "value"] if show_value else []))
+    # Headers only when a shown message has some: most formats' messages never do (Debezium's key updates do).
+    show_headers = show_value and any(dead.headers for dead in listing.dead_letters)
+    grid = Table(*columns, *(["key", "value"] if show_value else []), *(["headers"] if show_headers else []))
     for dead in listing.dead_letters:
         cells = [
             *_message_cells(dead.topic, dead.partition, dead.offset),
@@ -692,7 +694,9 @@ def dlq_list(
             f"{dead.recorded_at:%Y-%m-%d %H:%M:%S}",
             _state(dead),
         ]
-        grid.add_row(*cells, *([_raw_text(dead.key), _raw_text(dead.value)] if show_value else []))
+        raw = [_raw_text(dead.key), _raw_text(dead.value)] if show_value else []
+        headers = ["\n".join(f"{name}: {_raw_text(value)}" for name, value in dead.headers)] if show_headers else []
+        grid.add_row(*cells, *raw, *headers)
     out.print(grid)
     shown = "" if listing.matched == len(listing.dead_letters) else f"; first {len(listing.dead_letters)} shown"
     out.print(f"{listing.matched} dead letters, {listing.unresolved} unresolved{shown}")

@@ -9,6 +9,7 @@ re-sends and garbage is not, so it lives here once.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ def add_resend(stream: StreamBuilder, rng: random.Random) -> None:
     starts = [b for b in stream.boundaries if 5 <= end - b <= 30] or [max(b for b in stream.boundaries if b < end)]
     start = rng.choice(starts)
     copies = [
-        Message(m.key, m.value, m.description if m.is_resend else f"resend: {m.description}")
+        dataclasses.replace(m, description=m.description if m.is_resend else f"resend: {m.description}")
         for m in stream.messages[start:end]
         if not m.is_malformed  # a re-send repeats what the writer wrote, never a corrupted delivery
     ]

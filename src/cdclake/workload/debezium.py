@@ -387,15 +387,23 @@ class _Writer:
         table = change.table
         if change.op == "UPDATE" and _changes_key(change):
             # debezium.md 2: an update of the primary key is a `d` of the old key (and its tombstone), then a `c` of
-            # the new one, at the update's position. The `c` carries every column here: the renderer does not model
-            # unavailable values on it, nor the `__debezium.oldkey` / `__debezium.newkey` headers that link the two
-            # (a Message has no headers, and the capture lines the tests replay could not carry them). Without the
-            # headers cdclake pairs a partial `c` with its `d` by position within a batch only
-            # (formats.debezium.key_changes_rejoined), so a stream split between them would not end as its truth;
-            # tests/test_key_changes.py covers the pairing and the headers.
+            # the new one, at the update's position, which name each other's key in the `__debezium.newkey` (on the
+            # `d`) and `__debezium.oldkey` (on the `c`) headers, as the key converter writes a key. The `c` carries
+            # every column here: the renderer does not model unavailable values on it (tests/test_key_changes.py
+            # covers those, with and without the headers).
             deleted = dataclasses.replace(change, op="DELETE", after=None)
             created = dataclasses.replace(change, op="INSERT", before=None)
-            return [*self.data_event(deleted, position, transaction), *self.data_event(created, position, transaction)]
+            old_key, new_key = key_of(table, change.before or {}), key_of(table, change.after or {})
+
+            def linked(half: Change, header: str, other_key: bytes | None) -> list[Message]:
+                return [
+                    dataclasses.replace(m, headers=((header, other_key),))
+                    if m.value is not None and other_key is not None
+                    else m
+                    for m in self.data_event(half, position, transaction)
+                ]
+
+            return [*linked(deleted, "__debezium.newkey", new_key), *linked(created, "__debezium.oldkey", old_key)]
         op = {"INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}[change.op]
         processed_ms = change.event_time_ms + self.rng.randint(3, 900)
         payload = {

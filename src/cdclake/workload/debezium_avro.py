@@ -23,6 +23,7 @@ are dead letters as before. Limits: those of ``debezium-json`` (see its module).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import struct
@@ -32,7 +33,7 @@ import fastavro
 
 from cdclake.workload import debezium
 from cdclake.workload.history import SourceHistory
-from cdclake.workload.renderers import Message, RenderedStream, RenderOptions, register_renderer
+from cdclake.workload.renderers import RenderedStream, RenderOptions, register_renderer
 
 _PRIMITIVES: Final = {
     "int8": "int",
@@ -174,7 +175,8 @@ def render_stream(history: SourceHistory, options: RenderOptions, seed: int) -> 
     messages = [
         message
         if message.is_malformed
-        else Message(registry.framed(message.key), registry.framed(message.value), message.description)
+        # Headers stay as they are: the worker's header converter is its own (Kafka Connect's default writes text).
+        else dataclasses.replace(message, key=registry.framed(message.key), value=registry.framed(message.value))
         for message in json_stream.messages
     ]
     return RenderedStream(

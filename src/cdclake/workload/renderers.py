@@ -16,13 +16,18 @@ Contract of a renderer ``render(history, options, seed) -> RenderedStream``:
 
 from __future__ import annotations
 
+import base64
 import importlib
+import json
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cdclake.workload.history import SourceHistory
+
+if TYPE_CHECKING:
+    from cdclake.sources.files import InputEncoding
 
 Truth = dict[tuple[str, str], list[dict[str, Any]]]
 """``(database, table)`` -> rows, as :meth:`SourceHistory.truth` returns it."""
@@ -42,6 +47,8 @@ class Message:
     key: bytes | None
     value: bytes | None
     description: str
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """Kafka record headers (name, value), in order; text values (a capture file of records writes them so)."""
 
     @property
     def is_resend(self) -> bool:
@@ -144,6 +151,30 @@ def render_stream(
 ) -> RenderedStream:
     """Renders ``history`` in ``format_name``."""
     return get_renderer(format_name)(history, options or RenderOptions(), seed)
+
+
+def to_capture(messages: Sequence[Message], *, binary: bool = False) -> tuple[str, InputEncoding, int]:
+    """Capture-file text for ``cdclake replay``, its ``--input-encoding`` and its number of lines: :func:`to_lines`
+    when no message has headers, else one Kafka record per line (``records``: key and value in base64, exact bytes,
+    headers as ``kcat -J`` writes them), tombstones included."""
+    if not any(m.headers for m in messages):
+        text = to_lines(messages, binary=binary)
+        return text, "b64" if binary else "lines", text.count("\n")
+
+    def b64(data: bytes | None) -> str | None:
+        return None if data is None else base64.b64encode(data).decode("ascii")
+
+    lines = [
+        json.dumps(
+            {
+                "key_b64": b64(m.key),
+                "value_b64": b64(m.value),
+                "headers": [part for name, value in m.headers for part in (name, value.decode("utf-8"))] or None,
+            }
+        )
+        for m in messages
+    ]
+    return "".join(line + "\n" for line in lines), "records", len(lines)
 
 
 def to_lines(messages: Sequence[Message], *, binary: bool = False) -> str:
