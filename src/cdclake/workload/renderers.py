@@ -180,8 +180,6 @@ def to_capture(messages: Sequence[Message], *, binary: bool = False) -> tuple[st
 def to_lines(messages: Sequence[Message], *, binary: bool = False) -> str:
     """Capture-file text for ``cdclake replay``: UTF-8 JSON lines, or base64 lines when ``binary``. Messages with
     no value (Kafka tombstones) cannot be stored in a capture file and are left out."""
-    import base64
-
     values = [m.value for m in messages if m.value is not None]
     if binary:
         return "".join(base64.b64encode(v).decode("ascii") + "\n" for v in values)
