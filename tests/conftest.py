@@ -108,6 +108,7 @@ def lake(tmp_path: Path) -> str:
 _LONG_FILES = (
     "tests/e2e/test_rendered_streams.py",  # 422
     "tests/test_history.py",  # 366
+    "tests/test_key_changes.py",  # about 90 alone, about 300 in full runs (2026-12-04/05)
     "tests/test_delta_sink.py",  # 362
     "tests/e2e/test_replay.py",  # 231
     "tests/test_dlq.py",  # 212
@@ -122,7 +123,6 @@ _LONG_FILES = (
     "tests/benchmarks/test_harness.py",  # 105
     "tests/formats/test_plan_reuse.py",  # 101
     "tests/e2e/test_spark_submit.py",  # 98 in a full run, 60 alone (spark-submit JVMs of their own)
-    "tests/test_key_changes.py",  # about 90 alone; 300 in full runs (2026-12-04/05): its order is right
     "tests/test_constraints.py",  # 80
     "tests/e2e/test_routes.py",  # 78
     "tests/e2e/test_stream.py",  # 76
