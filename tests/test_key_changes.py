@@ -311,6 +311,78 @@ def test_a_debezium_key_change_named_by_its_headers_is_made_whole_in_either_orde
     ] == []
 
 
+def test_a_debezium_key_change_under_other_configured_keys_is_applied_by_its_after_image_with_a_warning(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table whose configured ``keys`` (``slug``) are not Debezium's key (``id``): a key change's ``c`` names the
+    old row by ``id`` alone (its ``__debezium.oldkey`` header), so the old ``slug`` is unknown. Before, the change
+    retired a made-up NULL key (a tombstone of the key `[null]`) and said nothing. Now the ``c`` updates the row
+    its after image keys: right when ``slug`` stayed, and the row it left stays when ``slug`` changed too, which
+    the warning names with the fix (a dry run too)."""
+    from typer.testing import CliRunner
+
+    from cdclake.cli import main as cli_main
+
+    lake = str(tmp_path / "lake")
+
+    def record(value: str | None, key: int, header: str | None = None, other_key: int = 0) -> str:
+        headers = None if header is None else [f"__debezium.{header}", json.dumps({"id": other_key})]
+        return json.dumps({"key": json.dumps({"id": key}), "payload": value, "headers": headers})
+
+    def article(row_id: int, slug: str, title: str) -> dict[str, Any]:
+        return {"id": row_id, "slug": slug, "title": title}
+
+    def run(name: str, lines: list[str]) -> int:
+        keys = {"appdb.public.articles": ["slug"]}
+        settings = {"keys": keys, "changelog": list(keys), "scd2": list(keys), "encoding": "records"}
+        with caplog.at_level(logging.WARNING):
+            return replay_lines(spark, tmp_path, name, lines, "debezium-json", **settings)
+
+    first = [
+        record(_debezium_pg("c", 100, after=article(1, "alpha", "one")), 1),
+        record(_debezium_pg("c", 101, after=article(3, "gamma", "three")), 3),
+    ]
+    assert run("a", first) == 0
+    key_only = {"slug": None, "title": None}
+    second = [
+        # id 1 -> 2, its slug kept.
+        record(_debezium_pg("d", 200, before={"id": 1, **key_only}), 1, "newkey", 2),
+        record(None, 1),
+        record(_debezium_pg("c", 200, after=article(2, "alpha", "two")), 2, "oldkey", 1),
+        # id 3 -> 4, and its slug changed too: the row keyed gamma cannot be found.
+        record(_debezium_pg("c", 300, after=article(4, "delta", "four")), 4, "oldkey", 3),
+        record(_debezium_pg("d", 300, before={"id": 3, **key_only}), 3, "newkey", 4),
+    ]
+    # A dry run (`cdclake check`'s report) names them as the run's warning does, and refuses nothing.
+    capture = tmp_path / "b-dry.jsonl"
+    capture.write_text("".join(line + "\n" for line in second), encoding="utf-8")
+    monkeypatch.delenv("COLUMNS", raising=False)  # one line per message (cli.main._console)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    args = ["replay", "--dry-run", "--format", "debezium-json", "--lake", lake, "--input-encoding", "records"]
+    dry = CliRunner().invoke(cli_main.app, [*args, "--keys", "appdb.public.articles=slug", str(capture)])
+    assert dry.exit_code == 0, dry.output
+    printed = " ".join(dry.stdout.split())
+    assert "warning: 2 update(s) of appdb.public.articles changed the source's key" in printed
+    caplog.clear()
+    assert run("b", second) == 0
+    stored = lake_reader(spark, "delta")(f"{lake}/appdb/articles")
+    expected = [(2, "alpha", "two"), (3, "gamma", "three"), (4, "delta", "four")]
+    assert sorted((row["id"], row["slug"], row["title"]) for row in stored) == expected
+    live = scd2_reader(spark, lake, "delta")(f"{lake}/appdb/articles")
+    assert sorted((row["id"], row["slug"], row["title"]) for row in live) == expected
+    changelog = history_table(spark, lake, "changelog", "appdb", "articles")
+    assert changelog is not None
+    logged = sorted((r["_cdc_op"], r["slug"]) for r in changelog.where("_cdc_op <> 'INSERT'").collect())
+    assert logged == [("UPDATE", "alpha"), ("UPDATE", "delta")]
+    tombstones = Path(lake, "_cdclake", "tombstones")
+    assert not (tombstones / "_delta_log").is_dir() or spark.read.format("delta").load(str(tombstones)).count() == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("cdclake")]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("2 update(s) of appdb.public.articles changed the source's key")
+    assert "configured key column(s) slug" in warnings[0]
+    assert "Set `keys` for the table" in warnings[0]
+
+
 ACCOUNTS = TableSpec("crm", "accounts", [Column("id", "long"), Column("name", "string")], ["id"], None, "MySQL")
 
 

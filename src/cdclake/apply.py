@@ -532,8 +532,14 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
     before, after = F.col(model.BEFORE), F.col(model.AFTER)
     op = F.col(model.OP)
     key_before, key_after = key_of(before, keys), key_of(after, keys)
+    key_changed = key_before != key_after
+    if configured_keys:
+        # A before image without a value of a configured key column cannot name the old row (a Debezium key change
+        # carries the source key's columns only): the update is applied to the row its after image keys, and no
+        # DELETE of a NULL key is made up (plan_tables counts those that changed the source's key; the pipeline warns).
+        key_changed &= ~lacks_key_value(keys, before)
     delete_old_key = F.when(
-        (op == Op.DELETE) | ((op == Op.UPDATE) & before.isNotNull() & (after.isNull() | (key_before != key_after))),
+        (op == Op.DELETE) | ((op == Op.UPDATE) & before.isNotNull() & (after.isNull() | key_changed)),
         F.struct(
             F.lit(DELETE).alias(KIND),
             key_before.alias(ROW_KEY),
@@ -546,7 +552,7 @@ def row_changes(events: DataFrame, configured_keys: Mapping[str, Sequence[str]] 
     # A partial after image of an UPDATE that changed the key lacks columns the row keeps; the row that holds them is
     # the old key's, which the DELETE above retires. The before image gives what it has of them here, the old key's
     # row in the batch or the lake the rest (moves_made_whole).
-    moved_partial = (op == Op.UPDATE) & after_is_partial & before.isNotNull() & (key_before != key_after)
+    moved_partial = (op == Op.UPDATE) & after_is_partial & before.isNotNull() & key_changed
     upsert_new = F.when(
         op.isin(Op.INSERT.value, Op.UPSERT.value) | ((op == Op.UPDATE) & after.isNotNull()),
         F.struct(
@@ -948,6 +954,11 @@ class TablePlan:
     null_key_events: int = 0
     """Row events whose identifying image (:func:`identifying_image`) holds no value for one of their key columns:
     they cannot be told apart from each other (``Pipeline`` makes them dead letters)."""
+    unknown_old_key_events: int = 0
+    """UPDATEs that changed the source's key (the message's own key columns) but whose before image holds no value of
+    a configured key column, so the old row's key under ``keys`` is unknown (a Debezium key change's before image is
+    the old source key alone): each is applied to the row its after image keys, and if it changed a configured key
+    column too, the old key's row stays. Counted only when ``keys`` are configured; ``Pipeline`` warns."""
     declared_types: dict[str, set[str]] = field(default_factory=dict)
     """Lower-cased column name -> every Spark type the batch's messages declare for it along with a value (usually
     one). A type declared only next to NULLs may be a vendor's guess (dts.md 1.7: TEXT and BLOB share their codes),
@@ -1017,11 +1028,18 @@ def plan_tables(
         _valued_columns().alias("valued"),
         F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias("partial"),
         F.when(is_row, identifying_image()).alias("identifying"),
+        (moved_by_source_key(keys) if configured_keys else F.lit(None).cast("map<string,string>")).alias(
+            "source_key_moved_from"
+        ),
     )
     # A NULL key value would make every such row of the table one row (their keys are equal): counted here, in the
     # summary's own job, so that only a batch that has some pays for finding them (Pipeline._misfit_reason).
     summary = (
-        staged.select("*", lacks_key_value(F.col("keys"), F.col("identifying")).alias("null_key"))
+        staged.select(
+            "*",
+            lacks_key_value(F.col("keys"), F.col("identifying")).alias("null_key"),
+            lacks_key_value(F.col("keys"), F.col("source_key_moved_from")).alias("unknown_old_key"),
+        )
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
@@ -1041,6 +1059,7 @@ def plan_tables(
             F.sum(F.when(F.col("op").isin(*(o.value for o in model.ROW_OPS)), 1).otherwise(0)).alias("row_events"),
             F.sum(F.when(F.col("partial"), 1).otherwise(0)).alias("partial_events"),
             F.sum(F.when(F.col("null_key"), 1).otherwise(0)).alias("null_key_events"),
+            F.sum(F.when(F.col("unknown_old_key"), 1).otherwise(0)).alias("unknown_old_key_events"),
         )
         .collect()
     )
@@ -1091,4 +1110,25 @@ def plan_tables(
         plan.row_events += row["row_events"]
         plan.partial_events += row["partial_events"]
         plan.null_key_events += row["null_key_events"]
+        plan.unknown_old_key_events += row["unknown_old_key_events"]
     return list(plans.values())
+
+
+def moved_by_source_key(keys: Column) -> Column:
+    """The before image of an UPDATE that changed its source key (the message's own key columns, all valued in the
+    before image, differ between its images) while ``keys`` (:func:`effective_keys`) are other columns, else NULL.
+    With :func:`lacks_key_value` of ``keys``: the UPDATEs whose old row is unknown under them
+    (``TablePlan.unknown_old_key_events``)."""
+    before, after = F.col(model.BEFORE), F.col(model.AFTER)
+    source_keys = F.coalesce(F.col(model.KEY_COLUMNS), F.array().cast("array<string>"))
+    # Spark evaluates `&` left to right and stops at the first false: the lambdas (key_of, lacks_key_value) run only
+    # for the updates of tables keyed otherwise than their messages.
+    moved = (
+        (F.col(model.OP) == Op.UPDATE.value)
+        & after.isNotNull()
+        & (F.size(source_keys) > 0)
+        & (keys != source_keys)
+        & (key_of(before, source_keys) != key_of(after, source_keys))
+        & ~lacks_key_value(source_keys, before)
+    )
+    return F.when(F.coalesce(moved, F.lit(False)), before)

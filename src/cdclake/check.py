@@ -32,6 +32,7 @@ from cdclake.pipeline import (
     PipelineSettings,
     ordering_changed_problem,
     unknown_keys_problem,
+    unknown_old_key_warning,
     unordered_change_problem,
 )
 from cdclake.runner import committed_offsets, settings_from_config
@@ -72,6 +73,9 @@ class TableFinding:
         unordered_changes: sampled row events that carry the table's ``sequence_by`` column in no image (they would
             be dead letters, :func:`cdclake.apply.unordered_change`: an OGG trail's compressed deletes and updates),
             and the reason their dead letters would give.
+        unknown_old_keys: sampled UPDATEs that changed the source's key but whose before image has no value of a
+            configured key column (``apply.TablePlan.unknown_old_key_events``): a run applies each to the row its
+            after image keys and warns with ``unknown_old_key_warning`` (``pipeline.unknown_old_key_warning``).
         untyped_decimals: columns the messages declare as a bare ``decimal``/``numeric``/``number`` (no precision and
             scale: DTS Canal JSON, DRS JSON) and that therefore land as exact text in a ``string`` column, as
             ``column (vendor type)``; ``column_types`` would type them.
@@ -93,6 +97,8 @@ class TableFinding:
     null_keys: int = 0
     unordered_changes: int = 0
     unordered_problem: str | None = None
+    unknown_old_keys: int = 0
+    unknown_old_key_warning: str | None = None
     untyped_decimals: list[str] = field(default_factory=list)
 
     @property
@@ -223,12 +229,17 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
     good = events.where(F.col(model.ERROR).isNull() & F.col(model.TABLE).isNotNull())
     is_row = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
     # As a run finds them (apply.plan_tables): the keys it would use, read in the image that identifies the row.
+    event_keys = apply.effective_keys(good, settings.keys)
     staged = good.select(
         "*",
-        apply.effective_keys(good, settings.keys).alias("_keys"),
+        event_keys.alias("_keys"),
         F.when(is_row, apply.identifying_image()).alias("_identifying"),
+        (apply.moved_by_source_key(event_keys) if settings.keys else F.lit(None).cast("map<string,string>")).alias(
+            "_moved"
+        ),
     )
     null_key = apply.lacks_key_value(F.col("_keys"), F.col("_identifying"))
+    unknown_old_key = apply.lacks_key_value(F.col("_keys"), F.col("_moved"))
     unordered_event = (
         apply.unordered_change(*apply.carries_sequence_column(settings.sequence_by))
         if settings.sequence_by
@@ -241,6 +252,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         .agg(
             F.max(F.when(F.size(model.KEY_COLUMNS) > 0, F.col(model.KEY_COLUMNS))).alias("keys"),
             F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
+            F.sum(F.when(unknown_old_key, 1).otherwise(0)).alias("unknown_old_keys"),
             F.sum(F.when(unordered_event, 1).otherwise(0)).alias("unordered_changes"),
         )
         .orderBy(*table)
@@ -304,6 +316,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
             else None
         )
         unordered_changes = int(row["unordered_changes"] or 0) if ordered else 0
+        unknown_old_keys = 0 if key_problem is not None else int(row["unknown_old_keys"] or 0)
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),
@@ -326,6 +339,10 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 # Events a missing key column already refuses are counted there (setting_problem).
                 null_keys=0 if key_problem is not None else int(row["null_keys"] or 0),
                 unordered_changes=unordered_changes,
+                unknown_old_keys=unknown_old_keys,
+                unknown_old_key_warning=unknown_old_key_warning(ident, unknown_old_keys, keys)
+                if unknown_old_keys
+                else None,
                 unordered_problem=unordered_change_problem(ordering[1], ident)
                 if ordering and unordered_changes
                 else None,

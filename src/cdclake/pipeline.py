@@ -755,6 +755,10 @@ class Pipeline:
             ]
             good = self._in_position_order(good, plans)
             table_columns, constraints = self._ensure_tables(plans)
+        for plan in plans:
+            if plan.unknown_old_key_events:
+                ident = (plan.database, plan.schema, plan.table)
+                log.warning(unknown_old_key_warning(ident, plan.unknown_old_key_events, plan.key_columns))
         with result.timed("types"):
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
@@ -1794,6 +1798,19 @@ def unknown_keys_problem(
     return (
         f"key columns {unknown} are not columns of {_table_name(ident)}{_case_hint(unknown, columns)}: fix the "
         "`keys` setting"
+    )
+
+
+def unknown_old_key_warning(ident: tuple[str | None, str | None, str], count: int, key_columns: Sequence[str]) -> str:
+    """The warning about ``count`` UPDATEs of a table that changed the source's key but whose before image lacks the
+    configured ``key_columns`` (``TablePlan.unknown_old_key_events``; ``cdclake check`` prints it too)."""
+    keys = ", ".join(key_columns)
+    return (
+        f"{count} update(s) of {_table_name(ident)} changed "
+        f"the source's key, but their before image has no value for the configured key column(s) {keys} (a Debezium "
+        f"key change's before image is the old source key alone), so the row they moved from is unknown under `keys`: "
+        f"each was applied to the row its after image keys, and where it changed {keys} too, the old row stays. Set "
+        "`keys` for the table to the source's key columns (or leave them to the messages)"
     )
 
 

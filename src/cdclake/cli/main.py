@@ -562,6 +562,8 @@ def _print_findings(report: CheckReport) -> None:
                 f"({', '.join(found.key_columns)}) is NULL in their row, and rows with a NULL key cannot be told apart "
                 "(set `keys` for the table to columns that are never NULL)"
             )
+        if found.unknown_old_key_warning and found.lands == "yes":
+            out.print(f"warning: {found.unknown_old_key_warning}")
         if found.unordered_changes and found.lands == "yes":
             out.print(
                 f"{found.unordered_changes} events of {found.name} would be dead letters: {found.unordered_problem}"
