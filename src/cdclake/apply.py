@@ -1028,18 +1028,12 @@ def plan_tables(
         _valued_columns().alias("valued"),
         F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)).alias("partial"),
         F.when(is_row, identifying_image()).alias("identifying"),
-        (moved_by_source_key(keys) if configured_keys else F.lit(None).cast("map<string,string>")).alias(
-            "source_key_moved_from"
-        ),
+        (old_key_unknown(keys) if configured_keys else F.lit(False)).alias("unknown_old_key"),
     )
     # A NULL key value would make every such row of the table one row (their keys are equal): counted here, in the
     # summary's own job, so that only a batch that has some pays for finding them (Pipeline._misfit_reason).
     summary = (
-        staged.select(
-            "*",
-            lacks_key_value(F.col("keys"), F.col("identifying")).alias("null_key"),
-            lacks_key_value(F.col("keys"), F.col("source_key_moved_from")).alias("unknown_old_key"),
-        )
+        staged.select("*", lacks_key_value(F.col("keys"), F.col("identifying")).alias("null_key"))
         .groupBy(model.DATABASE, model.SCHEMA, model.TABLE, model.COLUMNS)
         .agg(
             F.array_distinct(F.flatten(F.collect_list("valued"))).alias("valued"),
@@ -1114,21 +1108,22 @@ def plan_tables(
     return list(plans.values())
 
 
-def moved_by_source_key(keys: Column) -> Column:
-    """The before image of an UPDATE that changed its source key (the message's own key columns, all valued in the
-    before image, differ between its images) while ``keys`` (:func:`effective_keys`) are other columns, else NULL.
-    With :func:`lacks_key_value` of ``keys``: the UPDATEs whose old row is unknown under them
-    (``TablePlan.unknown_old_key_events``)."""
+def old_key_unknown(keys: Column) -> Column:
+    """Whether an event is an UPDATE that changed its source key (the message's own key columns, all valued in the
+    before image, differ between its images) while its before image has no value of one of ``keys``
+    (:func:`effective_keys`, other columns): the old row is unknown under them (``TablePlan.unknown_old_key_events``).
+    Never null."""
     before, after = F.col(model.BEFORE), F.col(model.AFTER)
     source_keys = F.coalesce(F.col(model.KEY_COLUMNS), F.array().cast("array<string>"))
     # Spark evaluates `&` left to right and stops at the first false: the lambdas (key_of, lacks_key_value) run only
     # for the updates of tables keyed otherwise than their messages.
-    moved = (
+    unknown = (
         (F.col(model.OP) == Op.UPDATE.value)
         & after.isNotNull()
         & (F.size(source_keys) > 0)
         & (keys != source_keys)
         & (key_of(before, source_keys) != key_of(after, source_keys))
         & ~lacks_key_value(source_keys, before)
+        & lacks_key_value(keys, before)
     )
-    return F.when(F.coalesce(moved, F.lit(False)), before)
+    return F.coalesce(unknown, F.lit(False))

@@ -234,12 +234,10 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         "*",
         event_keys.alias("_keys"),
         F.when(is_row, apply.identifying_image()).alias("_identifying"),
-        (apply.moved_by_source_key(event_keys) if settings.keys else F.lit(None).cast("map<string,string>")).alias(
-            "_moved"
-        ),
+        (apply.old_key_unknown(event_keys) if settings.keys else F.lit(False)).alias("_unknown_old_key"),
     )
     null_key = apply.lacks_key_value(F.col("_keys"), F.col("_identifying"))
-    unknown_old_key = apply.lacks_key_value(F.col("_keys"), F.col("_moved"))
+    unknown_old_key = F.col("_unknown_old_key")
     unordered_event = (
         apply.unordered_change(*apply.carries_sequence_column(settings.sequence_by))
         if settings.sequence_by
