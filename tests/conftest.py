@@ -101,38 +101,39 @@ def lake(tmp_path: Path) -> str:
     return str(tmp_path / "lake")
 
 
-# The longest test files first (seconds on 2 busy cores, a full run of the suite), so that pytest-xdist
-# (`--dist loadfile`) hands them out first and does not end with one worker running a long file while the other
-# idles. `make test` passes `--no-loadscope-reorder`: by default xdist orders files by their number of tests instead,
-# which sent the single-test files (test_stream_kill, 110 s) last. Files not listed keep their order after these.
+# The longest test files first (test-seconds in a full run of the suite on 2 busy cores, 2026-12-05, each worker's
+# first file with its JVM's start), so that pytest-xdist (`--dist loadfile`) hands them out first and does not end
+# with one worker running a long file while the other idles. `make test` passes `--no-loadscope-reorder`: by default
+# xdist orders files by their number of tests instead, which sent the single-test files (test_stream_kill, 110 s)
+# last. Files not listed keep their order after these.
 _LONG_FILES = (
-    "tests/e2e/test_rendered_streams.py",  # 422
-    "tests/test_history.py",  # 366
-    "tests/test_key_changes.py",  # about 90 alone, about 300 in full runs (2026-12-04/05)
-    "tests/test_delta_sink.py",  # 362
-    "tests/e2e/test_replay.py",  # 231
-    "tests/test_dlq.py",  # 212
-    "tests/test_transactions.py",  # 194
-    "tests/test_deletion_vectors.py",  # 160
-    "tests/test_ddl.py",  # 84, and about 70 since tables ordered by a column (2026-12-03)
-    "tests/test_sequence_by.py",  # about 130 (2026-12-03)
-    "tests/e2e/test_stream_kill.py",  # 115-144 (the case is drawn)
-    "tests/test_iceberg_sink.py",  # 127
-    "tests/test_maintain.py",  # 116
-    "tests/test_session.py",  # 106
-    "tests/benchmarks/test_harness.py",  # 105
-    "tests/formats/test_plan_reuse.py",  # 101
-    "tests/e2e/test_spark_submit.py",  # 98 in a full run, 60 alone (spark-submit JVMs of their own)
-    "tests/test_constraints.py",  # 80
-    "tests/e2e/test_routes.py",  # 78
-    "tests/e2e/test_stream.py",  # 76
-    "tests/formats/test_lambda_invariants.py",  # 76
-    "tests/formats/test_mutations.py",  # 70-80 alone (17 formats, one batch of mutated messages each)
-    "tests/e2e/test_format_replay.py",  # 74
-    "tests/devtools/test_broker.py",  # 68
-    "tests/e2e/test_property_streams.py",  # 67
-    "tests/e2e/test_qlik_metadata.py",  # 59
-    "tests/formats/test_golden.py",  # 51
+    "tests/e2e/test_rendered_streams.py",  # 423 before its streams had key updates; alone 218 -> 279 s with them
+    "tests/test_history.py",  # 434
+    "tests/test_sequence_by.py",  # 222
+    "tests/test_dlq.py",  # 220
+    "tests/test_key_changes.py",  # 355 with the rendered streams now in test_rendered_streams (162 of it)
+    "tests/test_delta_sink.py",  # 188
+    "tests/e2e/test_replay.py",  # 186
+    "tests/test_transactions.py",  # 184
+    "tests/test_iceberg_sink.py",  # 140
+    "tests/e2e/test_stream_kill.py",  # 128 (the case is drawn)
+    "tests/test_deletion_vectors.py",  # 126
+    "tests/formats/test_plan_reuse.py",  # 119
+    "tests/formats/test_lambda_invariants.py",  # 110
+    "tests/test_ddl.py",  # 109
+    "tests/e2e/test_spark_submit.py",  # 108 (spark-submit JVMs of their own)
+    "tests/test_constraints.py",  # 102
+    "tests/test_session.py",  # 101
+    "tests/test_maintain.py",  # 100
+    "tests/e2e/test_format_replay.py",  # 90
+    "tests/e2e/test_routes.py",  # 87
+    "tests/benchmarks/test_harness.py",  # 81
+    "tests/formats/test_golden.py",  # 68
+    "tests/formats/test_mutations.py",  # 64 (17 formats, one batch of mutated messages each)
+    "tests/e2e/test_stream.py",  # 63
+    "tests/devtools/test_broker.py",  # 53
+    "tests/e2e/test_qlik_metadata.py",  # 50
+    "tests/e2e/test_property_streams.py",  # 40
 )
 
 

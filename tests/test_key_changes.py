@@ -14,25 +14,16 @@ from typing import Any
 
 import pytest
 
-from cdclake.devtools.verify import compare_lake, describe
 from cdclake.workload import (
     Change,
     Column,
-    HistoryConfig,
-    RenderOptions,
-    SourceHistory,
     TableSpec,
     render_change,
-    render_stream,
 )
-from tests.e2e.helpers import history_table, lake_reader, replay_in_two_batches, replay_lines, scd2_reader
+from tests.e2e.helpers import history_table, lake_reader, replay_lines, scd2_reader
 from tests.test_sequence_by import _ogg, _replay_ogg
 
 pytestmark = pytest.mark.spark
-
-WITH_SCD2 = {"dataworks-json", "ogg-json", "qlik-json"}
-"""Formats whose rendered stream is also checked in an SCD2 table: the key changes with partial images whose
-versions take the old key's columns too, and DataWorks' split updates, whose halves hold different keys."""
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
@@ -108,43 +99,6 @@ def test_a_key_change_with_a_partial_image_keeps_the_columns_it_lacks(
     (warning,) = warnings()
     # OGG's table SALES.ORDERS: catalog and schema both SALES.
     assert warning.startswith("1 key change(s) of SALES.SALES.ORDERS from a partial image found no row of their")
-
-
-@pytest.mark.parametrize(
-    "format_name",
-    ["dataworks-json", "debezium-json", "debezium-avro", "drs-json-dds", "dts-avro", "ogg-json", "qlik-json"],
-)
-def test_rendered_streams_with_key_updates_end_as_the_source_truth(spark, tmp_path: Path, format_name: str) -> None:
-    """Primary-key updates in every shape these formats send them: OGG's key and changed columns, Qlik's column
-    masks, DTS's unlogged LOBs (partial images), Debezium's delete and create (with unavailable BLOBs on the
-    delete), MongoDB's delete and insert, DataWorks' split update (the old key's half, then the new key's); chains of
-    moves in one batch, re-sent copies, old keys taken again. On the code before the fix, the OGG, Qlik and DTS
-    streams left NULLs in the moved rows' missing columns; DataWorks' SCD2 table kept the old keys live."""
-    config = HistoryConfig(
-        seed=7,
-        tables=3,
-        events=120,
-        keys_per_table=15,
-        keyless_tables=1,
-        truncates=1,
-        added_columns=1,
-        null_ratio=0.2,
-        oracle_tables=1,
-        key_update_ratio=0.4,
-    )
-    history = SourceHistory.generate(config)
-    shape = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
-    stream = render_stream(format_name, history, shape, seed=5)
-    scd2 = format_name in WITH_SCD2
-    lake, results = replay_in_two_batches(spark, tmp_path, stream, format_name, scd2=scd2)
-    assert sum(r.dead_letters for r in results) == sum(1 for m in stream.messages if m.is_malformed)
-    truth = stream.expected_truth(history)
-    comparison = compare_lake(lake, truth)
-    assert all(r.ok for r in comparison), describe(comparison)
-    assert sum(r.actual_rows for r in comparison) > 0
-    if scd2:
-        live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, "delta"))
-        assert all(r.ok for r in live_versions), "SCD2 live rows:\n" + describe(live_versions)
 
 
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])

@@ -94,10 +94,21 @@ def scd2_reader(spark: SparkSession, lake: str, table_format: str) -> Callable[[
 
 
 RENDERED_HISTORY = HistoryConfig(
-    seed=5, tables=3, events=120, keys_per_table=15, keyless_tables=1, truncates=1, added_columns=1, null_ratio=0.2
+    seed=7,
+    tables=3,
+    events=120,
+    keys_per_table=15,
+    keyless_tables=1,
+    truncates=1,
+    added_columns=1,
+    null_ratio=0.2,
+    oracle_tables=1,
+    key_update_ratio=0.4,
 )
 """The source history of every format's rendered stream in tests/e2e/test_rendered_streams.py (and of
-``benchmarks.jit_options``, which replays the same streams)."""
+``benchmarks.jit_options``, which replays the same streams): with primary-key updates and an Oracle-style table
+since 2026-12-05 (before, seed 5 without them; the key-update streams were a test of their own, on this seed, for 7
+formats)."""
 RENDERED_SHAPE = RenderOptions(heartbeat_every=30, resends=1, malformed=2, transactions=True, partial_updates=True)
 """The traps those rendered streams carry."""
 
