@@ -107,14 +107,14 @@ def lake(tmp_path: Path) -> str:
 # xdist orders files by their number of tests instead, which sent the single-test files (test_stream_kill, 110 s)
 # last. Files not listed keep their order after these.
 _LONG_FILES = (
-    "tests/e2e/test_rendered_streams.py",  # 423 before its streams had key updates; alone 218 -> 279 s with them
+    "tests/e2e/test_rendered_streams.py",  # 423 before its streams had key updates, 520 with them (2026-12-05)
     "tests/test_history.py",  # 434
     "tests/test_sequence_by.py",  # 222
     "tests/test_dlq.py",  # 220
-    "tests/test_key_changes.py",  # 355 with the rendered streams now in test_rendered_streams (162 of it)
     "tests/test_delta_sink.py",  # 188
     "tests/e2e/test_replay.py",  # 186
     "tests/test_transactions.py",  # 184
+    "tests/test_key_changes.py",  # 355 with its rendered streams, 155 since they are test_rendered_streams' own
     "tests/test_iceberg_sink.py",  # 140
     "tests/e2e/test_stream_kill.py",  # 128 (the case is drawn)
     "tests/test_deletion_vectors.py",  # 126
