@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +11,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdclake.config import KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
-from cdclake.devtools.verify import compare_lake, describe, read_table, user_rows
+from cdclake.devtools.verify import TableComparison, compare_lake, describe, read_table, user_rows
 from cdclake.formats import get_format
 from cdclake.pipeline import BatchResult
 from cdclake.runner import replay
+from cdclake.sinks import TableFormat
 from cdclake.workload import DataWorksOptions, HistoryConfig, Message, RenderOptions, SourceHistory, render, to_jsonl
 from cdclake.workload.renderers import RenderedStream, to_capture
 
@@ -54,7 +55,7 @@ def replay_lines(
     return sum(r.dead_letters for r in results)
 
 
-def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[dict[str, Any]]]:
+def lake_reader(spark: SparkSession, table_format: TableFormat) -> Callable[[str], list[dict[str, Any]]]:
     """Reads a lake table by its path, for :func:`~cdclake.devtools.verify.compare_lake`: a Delta table with
     delta-rs; an Iceberg table with Iceberg's Hadoop-table reader (by path, not through cdclake's catalog)."""
     if table_format == "delta":
@@ -67,7 +68,7 @@ def lake_reader(spark: SparkSession, table_format: str) -> Callable[[str], list[
 
 
 def history_table(
-    spark: SparkSession, lake: str, kind: str, database: str, table: str, table_format: str = "delta"
+    spark: SparkSession, lake: str, kind: str, database: str, table: str, table_format: TableFormat = "delta"
 ) -> DataFrame | None:
     """The ``kind`` ("changelog", "scd2") history table of a lake table (names as in the lake), read by its path, or
     None when it has none. Where it is stored is part of the contract (README: History tables)."""
@@ -78,7 +79,7 @@ def history_table(
     return spark.read.format("iceberg").load(path) if Path(path, "metadata").is_dir() else None
 
 
-def scd2_reader(spark: SparkSession, lake: str, table_format: str) -> Callable[[str], list[dict[str, Any]]]:
+def scd2_reader(spark: SparkSession, lake: str, table_format: TableFormat) -> Callable[[str], list[dict[str, Any]]]:
     """Reads the live rows of a lake table's SCD2 table (current, not deleted) given the lake table's path, for
     :func:`~cdclake.devtools.verify.compare_lake`: they must equal the lake table's rows."""
 
@@ -143,6 +144,26 @@ def assert_lake_equals_truth(lake: str, history: SourceHistory) -> None:
     results = compare_lake(lake, history.truth())
     assert all(r.ok for r in results), describe(results)
     assert sum(r.actual_rows for r in results) > 0
+
+
+def assert_tables_equal_truth(
+    spark: SparkSession,
+    lake: str,
+    truth: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
+    *,
+    table_format: TableFormat = "delta",
+    scd2: bool = False,
+    label: str = "",
+) -> list[TableComparison]:
+    """The lake's tables (read by their ``table_format``'s reader) hold exactly ``truth``; with ``scd2``, so do their
+    SCD2 tables' live rows. ``label`` starts every failure message (what was drawn or done). Returns the lake
+    tables' comparison."""
+    comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
+    assert all(r.ok for r in comparison), f"{label}\n{describe(comparison)}"
+    if scd2:
+        live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
+        assert all(r.ok for r in live_versions), f"{label}: SCD2 live rows\n{describe(live_versions)}"
+    return comparison
 
 
 def topic_with(bootstrap: str, messages: list[Message], partitions: int = 2) -> str:

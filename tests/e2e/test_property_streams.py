@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cdclake.devtools.verify import compare_lake, describe
 from cdclake.formats import get_format
 from cdclake.runner import replay
+from cdclake.sinks import TableFormat
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
 from cdclake.workload.renderers import to_capture
-from tests.e2e.helpers import lake_reader, scd2_reader
+from tests.e2e.helpers import assert_tables_equal_truth
 
 pytestmark = pytest.mark.spark
 
@@ -101,7 +101,7 @@ def test_any_history_in_any_format_and_batch_split_ends_as_the_truth(
     shape: RenderOptions,
     batches: int,
     render_seed: int,
-    table_format: str,
+    table_format: TableFormat,
     scd2: bool,
 ) -> None:
     history = SourceHistory.generate(config)
@@ -128,8 +128,4 @@ def test_any_history_in_any_format_and_batch_split_ends_as_the_truth(
         assert sum(r.dead_letters for r in results) == malformed
         truth = stream.expected_truth(history)
         drawn = f"{format_name} into {table_format}, scd2={scd2}, {batches} batches ({config}, {shape})"
-        comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
-        assert all(r.ok for r in comparison), f"{drawn}:\n{describe(comparison)}"
-        if scd2:
-            live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
-            assert all(r.ok for r in live_versions), f"SCD2 live rows, {drawn}:\n{describe(live_versions)}"
+        assert_tables_equal_truth(spark, lake, truth, table_format=table_format, scd2=scd2, label=drawn)

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from cdclake.devtools.verify import compare_lake, describe
 from cdclake.formats import list_formats
 from cdclake.workload import SourceHistory, render_stream, renderers
-from tests.e2e.helpers import RENDERED_HISTORY, RENDERED_SHAPE, replay_in_two_batches, scd2_reader
+from tests.e2e.helpers import RENDERED_HISTORY, RENDERED_SHAPE, assert_tables_equal_truth, replay_in_two_batches
 
 pytestmark = pytest.mark.spark
 
@@ -59,9 +58,5 @@ def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, form
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     assert sum(r.dead_letters for r in results) == malformed
     truth = stream.expected_truth(history)
-    comparison = compare_lake(lake, truth)
-    assert all(r.ok for r in comparison), describe(comparison)
+    comparison = assert_tables_equal_truth(spark, lake, truth, scd2=format_name in WITH_SCD2, label=format_name)
     assert sum(r.actual_rows for r in comparison) > 0
-    if format_name in WITH_SCD2:
-        live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, "delta"))
-        assert all(r.ok for r in live_versions), "SCD2 live rows:\n" + describe(live_versions)

@@ -20,15 +20,10 @@ import yaml
 
 from cdclake.config import HistoryTablesConfig, KafkaConfig, PipelineConfig, TriggerConfig
 from cdclake.devtools import broker
-from cdclake.devtools.verify import compare_lake, describe
 from cdclake.runner import run
 from cdclake.sinks.delta import safe_name
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
-from tests.e2e.helpers import (
-    history_table,
-    lake_reader,
-    scd2_reader,
-)
+from tests.e2e.helpers import assert_tables_equal_truth, history_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -120,10 +115,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(spark,
     recorded = progress.select("batch_id", "scope", "database", "schema", "table", "topic", "partition")
     assert recorded.count() == recorded.distinct().count(), f"{note}: a batch's progress recorded twice"
     truth = stream.expected_truth(history)
-    comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
-    assert all(r.ok for r in comparison), f"{note}\n{describe(comparison)}"
-    live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
-    assert all(r.ok for r in live_versions), f"{note}: SCD2\n{describe(live_versions)}"
+    assert_tables_equal_truth(spark, lake, truth, table_format=table_format, scd2=True, label=note)
     for database, table in truth:
         changelog = history_table(spark, lake, "changelog", safe_name(database), safe_name(table), table_format)
         assert changelog is not None, f"{note}: no changelog of {database}.{table}"
