@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,31 @@ def assert_tables_equal_truth(
         live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
         assert all(r.ok for r in live_versions), f"{label}: SCD2 live rows\n{describe(live_versions)}"
     return comparison
+
+
+def as_consumed(messages: Sequence[Message], partitions: int, seed: int) -> list[Message]:
+    """An order in which one consumer of a ``partitions``-partition topic may read ``messages``: each message in the
+    partition of its Kafka key's hash (a key-less one in partition 0, kept in order as one producer writing it there
+    would), each partition read in order, the partitions at skewed random rates (``seed``; for every third seed one
+    partition after another, the most lag a consumer sees). A key's changes stay in order, but a primary-key update
+    whose halves carry the old and the new key (Debezium's ``d`` and ``c``) may arrive on either side of the other
+    changes: cdclake orders changes by their source positions, not by their arrival."""
+    queues: list[list[Message]] = [[] for _ in range(partitions)]
+    for message in messages:
+        queues[0 if message.key is None else zlib.crc32(message.key) % partitions].append(message)
+    chance = random.Random(seed)
+    if seed % 3 == 0:
+        chance.shuffle(queues)
+        return [message for queue in queues for message in queue]
+    rates = [chance.random() + 0.05 for _ in queues]
+    heads = [0] * partitions
+    arrived: list[Message] = []
+    while len(arrived) < len(messages):
+        readable = [p for p in range(partitions) if heads[p] < len(queues[p])]
+        chosen = chance.choices(readable, weights=[rates[p] for p in readable])[0]
+        arrived.append(queues[chosen][heads[chosen]])
+        heads[chosen] += 1
+    return arrived
 
 
 def topic_with(bootstrap: str, messages: list[Message], partitions: int = 2) -> str:

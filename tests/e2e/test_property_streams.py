@@ -3,8 +3,10 @@ micro-batch split, ends as the source truth, cell by cell.
 
 Hypothesis draws the format (every registered renderer), the history (keys, update/delete mix, NULLs, key-less
 tables, truncates, added columns, primary-key updates), the traps (failover re-sends, malformed messages,
-transactions, partial images, heartbeats), the batch size, the lake's table format (Delta or Iceberg) and whether
-the tables get SCD2 history tables. The renderers are written from the specs, independently of the decoders. The
+transactions, partial images, heartbeats), how many Kafka partitions the stream was read from (by each message's
+key; the partitions interleave at random rates, so changes arrive out of their source order across keys:
+``tests.e2e.helpers.as_consumed``), the batch size, the lake's table format (Delta or Iceberg) and whether the
+tables get SCD2 history tables. The renderers are written from the specs, independently of the decoders. The
 lake is read back (Delta tables by delta-rs) and compared with the history's truth after the format's documented
 limits (``RenderedStream.expected``), and so are the SCD2 tables' live rows. In CI the examples are derandomised,
 so a red build is reproducible; locally each run draws new ones (``CDCLAKE_PROPERTY_EXAMPLES`` sets how many).
@@ -25,13 +27,14 @@ from cdclake.runner import replay
 from cdclake.sinks import TableFormat
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream, renderers
 from cdclake.workload.renderers import to_capture
-from tests.e2e.helpers import assert_tables_equal_truth
+from tests.e2e.helpers import as_consumed, assert_tables_equal_truth
 
 pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("CDCLAKE_PROPERTY_EXAMPLES", "3"))
-"""About 9-16 s each on 2 cores once warm (2026-12-05: 60 examples of this test in 8.6 min; 150 with SCD2 and
-changelog tables always on in 41 min); raise it for a longer search (e.g. 50 before a release)."""
+"""About 9-16 s each on 2 cores once warm (2026-12-05: 60 examples of this test in 8.6 min, 40 with Kafka partitions
+in 11 min; 150 with SCD2 and changelog tables always on in 41 min); raise it for a longer search (e.g. 50 before a
+release)."""
 
 histories = st.builds(
     HistoryConfig,
@@ -82,8 +85,30 @@ shapes = st.builds(
     shape=RenderOptions(heartbeat_every=0, resends=2, malformed=0, transactions=True, partial_updates=False),
     batches=4,
     render_seed=309,
+    partitions=1,
+    arrival_seed=0,
     table_format="delta",
     scd2=False,
+)
+@example(  # key updates read from 3 partitions one after another: Debezium's d and c of a key change far apart
+    format_name="debezium-json",
+    config=HistoryConfig(
+        seed=41,
+        tables=2,
+        events=60,
+        keys_per_table=8,
+        keyless_tables=1,
+        truncates=1,
+        added_columns=1,
+        key_update_ratio=0.5,
+    ),
+    shape=RenderOptions(heartbeat_every=7, resends=1, malformed=1, transactions=True, partial_updates=True),
+    batches=2,
+    render_seed=12,
+    partitions=3,
+    arrival_seed=3,
+    table_format="delta",
+    scd2=True,
 )
 @given(
     format_name=st.sampled_from(sorted(renderers())),
@@ -91,6 +116,8 @@ shapes = st.builds(
     shape=shapes,
     batches=st.integers(1, 4),
     render_seed=st.integers(0, 1000),
+    partitions=st.sampled_from([1, 2, 3]),
+    arrival_seed=st.integers(0, 10_000),
     table_format=st.sampled_from(["delta", "iceberg"]),
     scd2=st.booleans(),
 )
@@ -101,13 +128,16 @@ def test_any_history_in_any_format_and_batch_split_ends_as_the_truth(
     shape: RenderOptions,
     batches: int,
     render_seed: int,
+    partitions: int,
+    arrival_seed: int,
     table_format: TableFormat,
     scd2: bool,
 ) -> None:
     history = SourceHistory.generate(config)
     stream = render_stream(format_name, history, shape, seed=render_seed)
     binary = get_format(format_name).encoding == "binary"
-    text, encoding, captured = to_capture(stream.messages, binary=binary)
+    arrived = as_consumed(stream.messages, partitions, arrival_seed)
+    text, encoding, captured = to_capture(arrived, binary=binary)
     with tempfile.TemporaryDirectory(prefix="cdclake-property-") as scratch:
         capture = Path(scratch) / "capture.txt"
         capture.write_text(text, encoding="utf-8")
@@ -127,5 +157,8 @@ def test_any_history_in_any_format_and_batch_split_ends_as_the_truth(
         malformed = sum(1 for m in stream.messages if m.is_malformed)
         assert sum(r.dead_letters for r in results) == malformed
         truth = stream.expected_truth(history)
-        drawn = f"{format_name} into {table_format}, scd2={scd2}, {batches} batches ({config}, {shape})"
+        drawn = (
+            f"{format_name} into {table_format}, scd2={scd2}, {batches} batches, {partitions} partitions (arrival seed "
+            f"{arrival_seed}, render seed {render_seed}; {config}, {shape})"
+        )
         assert_tables_equal_truth(spark, lake, truth, table_format=table_format, scd2=scd2, label=drawn)
