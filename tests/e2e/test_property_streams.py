@@ -5,7 +5,8 @@ Hypothesis draws the format (every registered renderer), the history (keys, upda
 tables, truncates, added columns, primary-key updates), the traps (failover re-sends, malformed messages,
 transactions, partial images, heartbeats), how many Kafka partitions the stream was read from (by each message's
 key; the partitions interleave at random rates, so changes arrive out of their source order across keys:
-``tests.e2e.helpers.as_consumed``), the batch size, the lake's table format (Delta or Iceberg) and whether the
+``tests.e2e.helpers.as_consumed``; only DataWorks, Debezium, DRS Avro, Maxwell and Qlik streams carry keys, the
+others stay in one partition), the batch size, the lake's table format (Delta or Iceberg) and whether the
 tables get SCD2 history tables. The renderers are written from the specs, independently of the decoders. The
 lake is read back (Delta tables by delta-rs) and compared with the history's truth after the format's documented
 limits (``RenderedStream.expected``), and so are the SCD2 tables' live rows. In CI the examples are derandomised,
