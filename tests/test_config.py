@@ -37,6 +37,8 @@ def test_good_config_defaults() -> None:
     assert options["maxOffsetsPerTrigger"] == "200000"
     assert config.deletion_vectors == "auto"
     assert parse_config({**GOOD, "deletion_vectors": "never"}).deletion_vectors == "never"
+    assert config.kafka_order is None
+    assert parse_config({**GOOD, "kafka_order": "timestamp"}).kafka_order == "timestamp"
     assert config.tables.table_filter().selects_all
     tables = parse_config({**GOOD, "tables": {"include": ["shop.*"], "exclude": ["*.tmp_*"]}}).tables.table_filter()
     assert (tables.include, tables.exclude) == (("shop.*",), ("*.tmp_*",))
@@ -88,6 +90,7 @@ def test_history_lists_take_the_names_and_patterns_of_tables_include() -> None:
         (_with(sequence_by={" shop.*": "v"}), "sequence_by", "`*` for every table"),
         (_with(ddl={"tables": {"shop.": "ignore"}}), "ddl.tables", "tables may be patterns"),
         (_with(deletion_vectors="sometimes"), "deletion_vectors", "`always` or `never`"),
+        ({**GOOD, "kafka_order": "offset"}, "kafka_order", "leave it out to keep the order the lake records"),
         (_with(tables={"include": ["shop..orders"]}), "tables.include", "`*` matches any characters"),
         (_with(tables={"exclude": "shop.*"}), "tables.exclude", "lists of `db.table`"),
         (_with(tables={"only": ["shop.*"]}), "tables.only", "spelling"),

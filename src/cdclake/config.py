@@ -26,6 +26,7 @@ Example::
     ddl: {policy: evolve, tables: {crm.audit_log: ignore}}   # DDL statements: evolve | ignore | fail
     #   ddl.online_schema_change: true  -> gh-ost / pt-online-schema-change: keep the table, apply the ghost's changes
     sequence_by: {shop.orders: version}            # order a table's changes by a column instead of the log position
+    kafka_order: timestamp                         # order changes without a position by Kafka record time (README)
     column_types: {dts.orders: {amount: "decimal(12,2)"}}   # types the messages do not carry (README: Formats)
     # keys, ddl.tables, sequence_by, column_types and history take names or patterns; the most specific match wins
     trigger: {processing_time: 10 seconds}         # or {available_now: true}: stop when caught up
@@ -53,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cdclake import model
 from cdclake.exceptions import ConfigError, UnknownFormatError
+from cdclake.model import KafkaOrder
 from cdclake.tables import (
     GHOST_TABLES,
     TRASH_TABLES,
@@ -97,6 +99,8 @@ FIXES: dict[str, str] = {
     "or a list of `db.table` names or patterns",
     "deletion_vectors": "use `auto` (switch a table once its MERGEs rewrite enough), `always` or `never`",
     "table_format": "use `delta` (default) or `iceberg`",
+    "kafka_order": "use `timestamp` (Kafka record time, then partition and offset) or `partition` (partition, then "
+    "offset); leave it out to keep the order the lake records",
     "table_properties": "map `db.table` (or `table`, or a pattern such as `shop.*`) to the lake table's properties, "
     'e.g. `table_properties: {"shop.*": {delta.enableChangeDataFeed: true}}`',
     "partition_by": "map `db.table` (or `table`, or a pattern such as `shop.*`) to a list of partition columns, e.g. "
@@ -386,6 +390,7 @@ class PipelineConfig(_Strict):
     iceberg_catalog: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     table_properties: dict[str, dict[str, str]] = Field(default_factory=dict)
     partition_by: dict[str, list[str]] = Field(default_factory=dict)
+    kafka_order: KafkaOrder | None = None
     ddl: DdlConfig = Field(default_factory=DdlConfig)
     sequence_by: dict[str, str] = Field(default_factory=dict)
     column_types: dict[str, dict[str, str]] = Field(default_factory=dict)

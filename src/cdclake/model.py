@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal, TypeAlias
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -131,6 +131,9 @@ SUB_INDEX: Final = "sub_index"
 """Position of the event inside its message, for formats that pack several rows into one message; else 0."""
 KAFKA_TIMESTAMP: Final = "kafka_timestamp"
 """Kafka record timestamp, or null."""
+KafkaOrder: TypeAlias = Literal["partition", "timestamp"]
+"""How events whose format carries no position are ordered (:func:`kafka_position`): by Kafka partition, then offset
+(exact within a partition only), or by the record's timestamp, then partition and offset."""
 ERROR: Final = "error"
 """Why the message could not be decoded; null for good events. Rows with an error go to the dead letters."""
 RAW_KEY: Final = "raw_key"
@@ -368,14 +371,26 @@ def sortable_decimal(digits: Column, width: int = 24) -> Column:
     return F.when(digits.rlike(r"^\d+$") & (F.length(clean) <= width), F.lpad(clean, width, "0"))
 
 
-def kafka_position(partition: Column, offset: Column, *, before_vendor_positions: bool = False) -> Column:
+def kafka_position(
+    partition: Column, offset: Column, *, timestamp: Column | None = None, before_vendor_positions: bool = False
+) -> Column:
     """Fallback ordering position from the Kafka coordinates, for events whose format carries none.
 
     Starts with ``~`` so that it sorts after every vendor position (digits, letters): an event without a vendor
     position is treated as newer than any event with one. With ``before_vendor_positions`` it starts with ``!``
     and sorts before all of them instead (full-load rows that precede the change stream, e.g. Qlik REFRESH).
+
+    Without ``timestamp`` the order is the partition, then the offset (``~pppppp:oooo...``): exact within a partition,
+    arbitrary across partitions. With ``timestamp`` (the Kafka record's, ``kafka_order: timestamp``) it is the
+    record's time in milliseconds, then partition and offset (``~@ttttttttttttt:pppppp:oooo...``; ``@`` sorts after
+    every digit, so each such position is newer than every position of the first form, which a lake switched to
+    the timestamp order may hold). A record without a timestamp (or with Kafka's -1) keeps the first form.
     """
     prefix = "!" if before_vendor_positions else "~"
-    return F.concat(
-        F.lit(prefix), F.lpad(partition.cast("string"), 6, "0"), F.lit(":"), F.lpad(offset.cast("string"), 20, "0")
-    )
+    coordinates = F.concat(F.lpad(partition.cast("string"), 6, "0"), F.lit(":"), F.lpad(offset.cast("string"), 20, "0"))
+    by_partition = F.concat(F.lit(prefix), coordinates)
+    if timestamp is None:
+        return by_partition
+    millis = F.unix_millis(timestamp)
+    by_time = F.concat(F.lit(prefix + "@"), F.lpad(millis.cast("string"), 13, "0"), F.lit(":"), coordinates)
+    return F.when(millis >= 0, by_time).otherwise(by_partition)

@@ -65,10 +65,11 @@ from cdclake.formats.base import (
     not_decoded,
     unique_metadata,
 )
-from cdclake.model import Op, quote
+from cdclake.model import KafkaOrder, Op, quote
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
 from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, turn_marker
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
+from cdclake.small_files import SmallFiles
 from cdclake.spark import (
     LATERAL_ALIASES,
     avro_limit_options,
@@ -129,6 +130,12 @@ SMALL_BATCH_SETTINGS: Final = {
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
 """Session settings for the part of a small batch after decoding (restored after it)."""
+
+KAFKA_ORDER_FILE: Final = "_cdclake/kafka_order"
+"""The lake's order of events whose format carries no position (``PipelineSettings.kafka_order``), as text under the
+lake; absent: ``partition``. Written before the first batch applied with ``timestamp``, so that every position of
+that form in the lake's tables is covered by it: a later run by partition would take its changes as older than all of
+them (``cdclake.model.kafka_position``), so the setting only ever goes from ``partition`` to ``timestamp``."""
 
 DEAD_LETTERS = "dead_letters"
 PROGRESS = "progress"
@@ -217,6 +224,11 @@ class PipelineSettings:
         partition_by: table name or pattern -> the partition fields of the lake table cdclake creates for it
             (columns; for Iceberg also transforms such as ``days(created_at)``; see cdclake.sinks.partitioning).
             Existing tables keep their partitioning.
+        kafka_order: how events whose format carries no position are ordered (``cdclake.model.kafka_position``):
+            ``partition`` (then offset) or ``timestamp`` (the Kafka record's, then partition and offset). The lake
+            records ``timestamp`` once a batch is applied with it (:data:`KAFKA_ORDER_FILE`), and keeps it: None
+            takes the lake's order (``partition`` for a lake that records none); ``partition`` for a lake that
+            records ``timestamp`` is a configuration error.
     """
 
     lake: str
@@ -248,6 +260,7 @@ class PipelineSettings:
     iceberg_catalog: str | None = None
     table_properties: TableProperties = field(default_factory=dict)
     partition_by: PartitionBy = field(default_factory=dict)
+    kafka_order: KafkaOrder | None = None
 
     def __post_init__(self) -> None:
         check_options(self.format_options)
@@ -400,6 +413,13 @@ class Pipeline:
         # made after decoding, released when it ends.
         self._bookkeeping: _Bookkeeping
         self._batch_frames: list[DataFrame] = []
+        # The lake's Kafka order (kafka_order), read on first use; whether it is written under the lake.
+        self._kafka_order: KafkaOrder | None = None
+        self._kafka_order_recorded = False
+        # Per source table, the (topic, partition)s its changes without a position came from in this process, and the
+        # tables warned of for coming from several (_warn_of_partitions).
+        self._unpositioned_partitions: dict[tuple[str | None, str | None, str], set[tuple[str, int]]] = {}
+        self._partitions_warned: set[tuple[str | None, str | None, str]] = set()
         # The source tables that wrote rows to the lake, (database, schema, table): loaded by _shared_with when needed.
         self._landed: set[tuple[str | None, str | None, str]] | None = None
         # Tables a sequence_by pattern gives a column they do not have, already warned of (_sequence_by_problem).
@@ -438,7 +458,41 @@ class Pipeline:
             parts.append(not_decoded(rest, reason))
         if not parts:
             raise ValueError("no format configured")
-        return apply.retyped(reduce(DataFrame.unionByName, parts), settings.column_types)
+        events = apply.retyped(reduce(DataFrame.unionByName, parts), settings.column_types)
+        if self.kafka_order == "timestamp":
+            fallback = model.kafka_position(
+                F.col(model.PARTITION), F.col(model.OFFSET), timestamp=F.col(model.KAFKA_TIMESTAMP)
+            )
+            events = events.withColumn(model.POSITION, F.coalesce(F.col(model.POSITION), fallback))
+        return events
+
+    @property
+    def kafka_order(self) -> KafkaOrder:
+        """The order of events whose format carries no position: ``PipelineSettings.kafka_order``, or the lake's
+        (:data:`KAFKA_ORDER_FILE`) when that is None. Raises ConfigError for ``partition`` on a lake that records
+        ``timestamp``."""
+        if self._kafka_order is None:
+            files = SmallFiles(self.spark, self.settings.lake)
+            recorded = files.read(KAFKA_ORDER_FILE).strip() if files.exists(KAFKA_ORDER_FILE) else "partition"
+            self._kafka_order_recorded = recorded == "timestamp"
+            wanted = self.settings.kafka_order or recorded
+            if wanted == "partition" and recorded == "timestamp":
+                raise ConfigError(
+                    "kafka_order",
+                    f"the lake {self.settings.lake} orders events without a position by their Kafka record timestamps "
+                    f"(kafka_order: timestamp, recorded in {KAFKA_ORDER_FILE}); ordered by partition, every change "
+                    "would be taken as older than the rows it holds, and dropped",
+                    "leave `kafka_order` out (the lake's order is kept) or set it to `timestamp`",
+                )
+            self._kafka_order = "timestamp" if wanted == "timestamp" else "partition"
+        return self._kafka_order
+
+    def _record_kafka_order(self) -> None:
+        """Writes ``timestamp`` to :data:`KAFKA_ORDER_FILE` before the first batch applied with it (once)."""
+        if self.kafka_order == "timestamp" and not self._kafka_order_recorded:
+            SmallFiles(self.spark, self.settings.lake).write(KAFKA_ORDER_FILE, "timestamp\n")
+            log.info("%s: events without a position are ordered by Kafka record time from now on", self.settings.lake)
+            self._kafka_order_recorded = True
 
     METADATA = "metadata"
     """Bookkeeping table of the table definitions read from messages (see decode)."""
@@ -478,6 +532,7 @@ class Pipeline:
     def process_batch(self, messages: DataFrame, batch_id: int, *, txn: bool = True) -> BatchResult:
         """Decodes and applies one batch. Safe to call again with the same ``batch_id`` after a failure."""
         marker = Txn(self.settings.app_id, batch_id) if txn else None
+        self._record_kafka_order()
         if self.settings.transaction_consistent:
             return self._process_complete_transactions(messages, batch_id, marker)
         started = time.perf_counter()
@@ -523,6 +578,7 @@ class Pipeline:
     def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
             summary = _summary(events)
+        self._warn_of_partitions(summary)
         helpers = self._helper_tables(summary)
         excluded = self._excluded_tables(summary) - helpers  # a helper's statements count even when excluded
         for row in summary:
@@ -556,6 +612,38 @@ class Pipeline:
             self._apply_summarised(events, summary, excluded, refused, batch_id, txn, result)
         log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
+
+    def _warn_of_partitions(self, summary: Sequence[Row]) -> None:
+        """Warns once per source table whose changes without a position (Kafka-ordered: Canal, DTS Canal, Lindorm,
+        Maxwell without ``output_binlog_position``...) have come from more than one Kafka partition in this process,
+        under ``kafka_order: partition``: their order across partitions is then the partitions' numbers, not the
+        source's (README "Ordering across Kafka partitions")."""
+        if self.kafka_order != "partition":
+            return
+        for row in summary:
+            op = row[model.OP]
+            if row["bad"] or row[model.TABLE] is None or row["position"] is not None:
+                continue
+            if op not in _ROW_OPS and op != Op.TRUNCATE.value:
+                continue
+            ident = _ident_of(row)
+            seen = self._unpositioned_partitions.setdefault(ident, set())
+            seen.add((row[model.TOPIC], row[model.PARTITION]))
+            # Partition numbers, not topics: a capture replay's files are topics of partition 0 each, and their
+            # offsets are in file order.
+            if len({partition for _, partition in seen}) > 1 and ident not in self._partitions_warned:
+                self._partitions_warned.add(ident)
+                log.warning(
+                    "%s: its changes come from Kafka partitions %s and carry no position, so they are ordered by "
+                    "partition, then offset (kafka_order: partition). Within a partition that is the source's order; "
+                    "across partitions it is not: a change from a lower partition is taken as older than every "
+                    "change stored from a higher one, so a key or table that moves to a lower partition (partitions "
+                    "added, a primary-key update hashed by its new key) keeps its old row, and a truncate keeps the "
+                    "rows of higher partitions. Set `kafka_order: timestamp` to order them by Kafka record "
+                    "timestamp (README: Ordering across Kafka partitions)",
+                    ".".join(part for part in ident if part),
+                    ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(seen)),
+                )
 
     def _excluded_tables(self, summary: Sequence[Row]) -> set[str]:
         """The batch's tables that ``settings.tables`` leaves out, by :func:`cdclake.apply.table_id`: decided once

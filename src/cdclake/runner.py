@@ -19,11 +19,13 @@ from cdclake.config import PipelineConfig
 from cdclake.evolve import Policy
 from cdclake.exceptions import CdclakeError, SourceUnavailableError
 from cdclake.formats.base import MESSAGE_COLUMNS, MESSAGE_HEADERS
+from cdclake.model import KafkaOrder
 from cdclake.pipeline import PENDING_TRANSACTIONS, BatchResult, Pipeline, PipelineSettings
 from cdclake.sinks import TableFormat, TableProperties
 from cdclake.sinks.delta import DeletionVectors
 from cdclake.sinks.history import TableSelection
 from cdclake.sinks.partitioning import PartitionBy
+from cdclake.small_files import SmallFiles
 from cdclake.sources import files, kafka
 from cdclake.tables import OnlineSchemaChange, TableFilter, TableRoutes
 
@@ -34,58 +36,13 @@ APP_ID_FILE = "cdclake-app-id"
 BatchCallback = Callable[[BatchResult], None]
 
 
-class _CheckpointFiles:
-    """Reads and writes small files of a query checkpoint through Hadoop's FileSystem (local, HDFS, S3...)."""
-
-    def __init__(self, spark: SparkSession, checkpoint: str) -> None:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        self._jvm = jvm
-        self.root = checkpoint.rstrip("/")
-        root_path = jvm.org.apache.hadoop.fs.Path(self.root)
-        self._fs = root_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-
-    def _path(self, relative: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{relative}")
-
-    def exists(self, relative: str) -> bool:
-        return bool(self._fs.exists(self._path(relative)))
-
-    def read(self, relative: str) -> str:
-        stream = self._fs.open(self._path(relative))
-        try:
-            scanner = self._jvm.java.util.Scanner(stream, "UTF-8").useDelimiter("\\A")
-            return str(scanner.next()) if scanner.hasNext() else ""
-        finally:
-            stream.close()
-
-    def write(self, relative: str, text: str) -> None:
-        """Writes atomically: a temporary file renamed into place, so a crash never leaves half a file."""
-        folder, _, name = relative.rpartition("/")
-        temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp" if folder else f".{name}.{uuid.uuid4().hex}.tmp"
-        out = self._fs.create(self._path(temporary), True)
-        try:
-            out.write(bytearray(text.encode("utf-8")))
-        finally:
-            out.close()
-        if not self._fs.rename(self._path(temporary), self._path(relative)):
-            self._fs.delete(self._path(temporary), False)
-            raise RuntimeError(f"could not write {self.root}/{relative} (it exists already?)")
-
-    def batch_ids(self, folder: str) -> list[int]:
-        if not self.exists(folder):
-            return []
-        names = [str(status.getPath().getName()) for status in self._fs.listStatus(self._path(folder))]
-        return sorted(int(name) for name in names if name.isdigit())
-
-
 def checkpoint_app_id(spark: SparkSession, checkpoint: str) -> str:
     """The idempotent-writer id stored beside the query checkpoint; created with it.
 
     Delta skips a commit whose (app id, batch id) it has seen. Batch ids restart at 0 with a new checkpoint, so
     the id must change with the checkpoint, or every write of the new query would be skipped silently.
     """
-    files = _CheckpointFiles(spark, checkpoint)
+    files = SmallFiles(spark, checkpoint)
     if files.exists(APP_ID_FILE):
         return files.read(APP_ID_FILE).strip()
     app_id = f"cdclake-{uuid.uuid4()}"
@@ -103,7 +60,7 @@ def _offsets_json(text: str) -> dict[str, dict[str, int]]:
 def committed_offsets(spark: SparkSession, checkpoint: str) -> dict[str, dict[str, int]] | None:
     """Where a query with this checkpoint goes on: topic -> partition -> offset at the end of its newest committed
     batch; None for a checkpoint without a committed batch."""
-    files = _CheckpointFiles(spark, checkpoint)
+    files = SmallFiles(spark, checkpoint)
     committed = files.batch_ids("commits")
     if not committed:
         return None
@@ -118,7 +75,7 @@ def recover_uncommitted_batch(spark: SparkSession, config: PipelineConfig, pipel
     query could never get past it. Same offsets range, same batch id, same idempotent writes; then the commit
     marker Spark itself writes, so the query resumes with the next batch.
     """
-    files = _CheckpointFiles(spark, config.checkpoint_location)
+    files = SmallFiles(spark, config.checkpoint_location)
     planned, committed = files.batch_ids("offsets"), files.batch_ids("commits")
     if not planned or (committed and committed[-1] >= planned[-1]):
         return None
@@ -172,6 +129,7 @@ def settings_from_config(config: PipelineConfig, app_id: str) -> PipelineSetting
         iceberg_catalog=config.iceberg_catalog,
         table_properties={table: dict(properties) for table, properties in config.table_properties.items()},
         partition_by={table: list(fields) for table, fields in config.partition_by.items()},
+        kafka_order=config.kafka_order,
     )
 
 
@@ -316,6 +274,7 @@ def replay(
     iceberg_catalog: str | None = None,
     table_properties: TableProperties | None = None,
     partition_by: PartitionBy | None = None,
+    kafka_order: KafkaOrder | None = None,
 ) -> list[BatchResult]:
     """Applies captured messages in file order, ``batch_lines`` lines per batch (blank lines count, but a batch
     holds at least one message), through the run code path.
@@ -328,7 +287,9 @@ def replay(
     ``column_types``: table name or pattern -> column -> the type its row events declare (see cdclake.apply.retyped);
     ``table_format`` and ``iceberg_catalog``: the lake tables' format and, for Iceberg, their catalog (see
     cdclake.sinks.iceberg); ``table_properties``: the lake tables' own properties, ``partition_by`` the partitioning of
-    those it creates (see cdclake.sinks.lake_sink).
+    those it creates (see cdclake.sinks.lake_sink); ``kafka_order``: the order of changes without a position (a
+    capture's lines are all partition 0, so ``timestamp`` orders records by their ``ts``, then line; see
+    ``PipelineSettings.kafka_order``).
 
     With ``transaction_consistent``, messages of transactions still open at the end of the files stay in the
     pending table (a warning says how many). A later replay into the same lake decodes them again with its first
@@ -354,6 +315,7 @@ def replay(
         iceberg_catalog=iceberg_catalog,
         table_properties=table_properties,
         partition_by=partition_by,
+        kafka_order=kafka_order,
     )
     return replay_files(spark, settings, paths, encoding=encoding, batch_lines=batch_lines, on_batch=on_batch)
 
@@ -379,6 +341,7 @@ def file_replay_settings(
     iceberg_catalog: str | None = None,
     table_properties: TableProperties | None = None,
     partition_by: PartitionBy | None = None,
+    kafka_order: KafkaOrder | None = None,
 ) -> PipelineSettings:
     """The settings of a file replay (:func:`replay`'s, without a pipeline's configuration): its own id, and the
     name ``replay`` that every file replay records."""
@@ -404,6 +367,7 @@ def file_replay_settings(
         iceberg_catalog=iceberg_catalog,
         table_properties=dict(table_properties or {}),
         partition_by={table: list(fields) for table, fields in (partition_by or {}).items()},
+        kafka_order=kafka_order,
     )
 
 
