@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdclake import model
+from cdclake.check import check_messages
 from cdclake.devtools import broker
 from cdclake.devtools.verify import read_table
 from cdclake.exceptions import ConfigError
@@ -214,3 +215,22 @@ def test_a_stream_from_a_real_broker_orders_by_the_record_timestamps(
     run(spark, config, on_batch=batches.append)
     assert sum(batch.messages for batch in batches) == 5  # events: the first message inserts two rows
     assert _rows(lake) == {"1": "c", "3": "d"}
+
+
+@pytest.mark.parametrize("kafka_order", ["partition", "timestamp"])
+def test_check_warns_of_a_table_read_from_several_partitions_by_partition(
+    spark: SparkSession, tmp_path: Path, kafka_order: KafkaOrder
+) -> None:
+    settings = PipelineSettings(
+        lake=str(tmp_path / "lake"), app_id="check", default_format="canal-json", kafka_order=kafka_order
+    )
+    messages = _batch(spark, [record for records in MOVED_TABLE for record in records])
+    (finding,) = check_messages(spark, settings, messages, "test").tables
+    assert finding.name == "shop.t"
+    if kafka_order == "partition":
+        assert finding.setting_warning is not None
+        assert f"partitions {TOPIC}[1], {TOPIC}[3] and carry no position" in finding.setting_warning
+        assert "Set `kafka_order: timestamp`" in finding.setting_warning
+    else:
+        assert finding.setting_warning is None
+    assert not Path(tmp_path, "lake").exists()  # check writes nothing

@@ -31,6 +31,7 @@ from cdclake.pipeline import (
     Pipeline,
     PipelineSettings,
     ordering_changed_problem,
+    partitions_warning,
     unknown_keys_problem,
     unknown_old_key_warning,
     unordered_change_problem,
@@ -62,7 +63,8 @@ class TableFinding:
             naming columns it does not have, a ``sequence_by`` column it does not have, a ``sequence_by`` that
             orders it otherwise than its existing lake table was written), or None.
         setting_warning: what a run would log about the table's settings (a ``sequence_by`` pattern whose column
-            the table does not have: it keeps the format's order), or None.
+            the table does not have: it keeps the format's order; changes without a position from several Kafka
+            partitions under ``kafka_order: partition``), or None.
         properties_to_set: ``table_properties`` values that the existing lake table lacks or has otherwise (a run
             sets them).
         partitioning_note: how the lake table's partitioning would differ from what ``partition_by`` gives: an
@@ -252,6 +254,13 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
             F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
             F.sum(F.when(unknown_old_key, 1).otherwise(0)).alias("unknown_old_keys"),
             F.sum(F.when(unordered_event, 1).otherwise(0)).alias("unordered_changes"),
+            # Where changes without a position come from (Pipeline._warn_of_partitions).
+            F.collect_set(
+                F.when(
+                    F.col(model.POSITION).isNull() & (is_row | (F.col(model.OP) == model.Op.TRUNCATE.value)),
+                    F.struct(F.col(model.TOPIC).alias("topic"), F.col(model.PARTITION).alias("partition")),
+                )
+            ).alias("unpositioned"),
         )
         .orderBy(*table)
         .collect()
@@ -279,6 +288,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         image_columns.setdefault(tuple(row[name] for name in table), []).append(row["_column"])
     configured = PerTable.of(settings.keys)
     online = settings.online_schema_change
+    kafka_order = pipeline.kafka_order
     findings = []
     for row in per_table:
         ident = (row[model.DATABASE], row[model.SCHEMA], row[model.TABLE])
@@ -315,6 +325,12 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         )
         unordered_changes = int(row["unordered_changes"] or 0) if ordered else 0
         unknown_old_keys = 0 if key_problem is not None else int(row["unknown_old_keys"] or 0)
+        unpositioned = sorted((found["topic"], found["partition"]) for found in row["unpositioned"] or [])
+        warnings = [unordered.text] if unordered and unordered.warning_only else []
+        # A table that sequence_by orders is ordered by its column (the run's events carry positions then).
+        several = len({partition for _, partition in unpositioned}) > 1
+        if lands == "yes" and several and kafka_order == "partition" and not ordered:
+            warnings.append(partitions_warning(ident, unpositioned))
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),
@@ -331,7 +347,7 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 setting_problem=key_problem
                 or (unordered.text if unordered and not unordered.warning_only else None)
                 or reordered,
-                setting_warning=unordered.text if unordered and unordered.warning_only else None,
+                setting_warning="; ".join(warnings) or None,
                 properties_to_set=sink.properties_to_set(*ident) if stored is not None and lake_table else {},
                 partitioning_note=_partitioning_note(sink, ident, stored, columns) if lake_table else None,
                 # Events a missing key column already refuses are counted there (setting_problem).

@@ -633,17 +633,7 @@ class Pipeline:
             # offsets are in file order.
             if len({partition for _, partition in seen}) > 1 and ident not in self._partitions_warned:
                 self._partitions_warned.add(ident)
-                log.warning(
-                    "%s: its changes come from Kafka partitions %s and carry no position, so they are ordered by "
-                    "partition, then offset (kafka_order: partition). Within a partition that is the source's order; "
-                    "across partitions it is not: a change from a lower partition is taken as older than every "
-                    "change stored from a higher one, so a key or table that moves to a lower partition (partitions "
-                    "added, a primary-key update hashed by its new key) keeps its old row, and a truncate keeps the "
-                    "rows of higher partitions. Set `kafka_order: timestamp` to order them by Kafka record "
-                    "timestamp (README: Ordering across Kafka partitions)",
-                    ".".join(part for part in ident if part),
-                    ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(seen)),
-                )
+                log.warning("%s", partitions_warning(ident, sorted(seen)))
 
     def _excluded_tables(self, summary: Sequence[Row]) -> set[str]:
         """The batch's tables that ``settings.tables`` leaves out, by :func:`cdclake.apply.table_id`: decided once
@@ -1886,6 +1876,21 @@ def unknown_keys_problem(
     return (
         f"key columns {unknown} are not columns of {_table_name(ident)}{_case_hint(unknown, columns)}: fix the "
         "`keys` setting"
+    )
+
+
+def partitions_warning(ident: tuple[str | None, str | None, str], partitions: Sequence[tuple[str, int]]) -> str:
+    """The warning about a table whose changes without a position come from several Kafka ``partitions`` ((topic,
+    partition)s) under ``kafka_order: partition`` (``Pipeline._warn_of_partitions``; ``cdclake check`` prints it
+    too)."""
+    listed = ", ".join(f"{topic}[{partition}]" for topic, partition in partitions)
+    return (
+        f"{_table_name(ident)}: its changes come from Kafka partitions {listed} and carry no position, so they are "
+        "ordered by partition, then offset (kafka_order: partition). Within a partition that is the source's order; "
+        "across partitions it is not: a change from a lower partition is taken as older than every change stored "
+        "from a higher one, so a key or table that moves to a lower partition (partitions added, a primary-key "
+        "update hashed by its new key) keeps its old row, and a truncate keeps the rows of higher partitions. Set "
+        "`kafka_order: timestamp` to order them by Kafka record timestamp (README: Ordering across Kafka partitions)"
     )
 
 

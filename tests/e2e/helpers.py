@@ -143,43 +143,56 @@ def replay_in_two_batches(
 
 
 def assert_lake_equals_truth(lake: str, history: SourceHistory) -> None:
-    results = compare_lake(lake, history.truth())
-    assert all(r.ok for r in results), describe(results)
-    assert sum(r.actual_rows for r in results) > 0
+    """The Delta lake holds exactly ``history``'s truth, and some rows."""
+    comparison = assert_tables_equal_truth(lake, history.truth())
+    assert sum(r.actual_rows for r in comparison) > 0
 
 
 def assert_tables_equal_truth(
-    spark: SparkSession,
     lake: str,
     truth: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
     *,
+    spark: SparkSession | None = None,
     table_format: TableFormat = "delta",
     scd2: bool = False,
     label: str = "",
 ) -> list[TableComparison]:
     """The lake's tables (read by their ``table_format``'s reader) hold exactly ``truth``; with ``scd2``, so do their
-    SCD2 tables' live rows. ``label`` starts every failure message (what was drawn or done). Returns the lake
-    tables' comparison."""
-    comparison = compare_lake(lake, truth, lake_reader(spark, table_format))
+    SCD2 tables' live rows. ``spark`` reads Iceberg and SCD2 tables (Delta lake tables are read by delta-rs).
+    ``label`` starts every failure message (what was drawn or done). Returns the lake tables' comparison."""
+    if spark is None and (table_format != "delta" or scd2):
+        raise ValueError("reading Iceberg or SCD2 tables takes a Spark session")
+    read = read_table if spark is None else lake_reader(spark, table_format)
+    comparison = compare_lake(lake, truth, read)
     assert all(r.ok for r in comparison), f"{label}\n{describe(comparison)}"
     if scd2:
+        assert spark is not None
         live_versions = compare_lake(lake, truth, scd2_reader(spark, lake, table_format))
         assert all(r.ok for r in live_versions), f"{label}: SCD2 live rows\n{describe(live_versions)}"
     return comparison
 
 
-def as_consumed(messages: Sequence[Message], partitions: int, seed: int) -> list[Message]:
+def as_consumed(
+    messages: Sequence[Message],
+    partitions: int,
+    seed: int,
+    *,
+    lagging: bool = False,
+    partition_key: Callable[[Message], bytes | None] = lambda message: message.key,
+) -> list[Message]:
     """An order in which one consumer of a ``partitions``-partition topic may read ``messages``: each message in the
-    partition of its Kafka key's hash (a key-less one in partition 0, kept in order as one producer writing it there
-    would), each partition read in order, the partitions at skewed random rates (``seed``; for every third seed one
-    partition after another, the most lag a consumer sees). A key's changes stay in order, but a primary-key update
-    whose halves carry the old and the new key (Debezium's ``d`` and ``c``) may arrive on either side of the other
-    changes: cdclake orders changes by their source positions, not by their arrival."""
+    partition of its ``partition_key``'s hash (the Kafka key by default; a message without one in partition 0, kept in
+    order as one producer writing it there would), each partition read in order, the partitions at skewed random
+    rates (``seed``), or, ``lagging``, one partition after another in a random order (the most lag a consumer sees).
+    A key's changes stay in order, but a primary-key update whose halves carry the old and the new key (Debezium's
+    ``d`` and ``c``) may arrive on either side of the other changes: cdclake orders changes by their source
+    positions, not by their arrival."""
     queues: list[list[Message]] = [[] for _ in range(partitions)]
     for message in messages:
-        queues[0 if message.key is None else zlib.crc32(message.key) % partitions].append(message)
+        key = partition_key(message)
+        queues[0 if key is None else zlib.crc32(key) % partitions].append(message)
     chance = random.Random(seed)
-    if seed % 3 == 0:
+    if lagging:
         chance.shuffle(queues)
         return [message for queue in queues for message in queue]
     rates = [chance.random() + 0.05 for _ in queues]

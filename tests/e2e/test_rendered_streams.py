@@ -58,5 +58,5 @@ def test_rendered_stream_replays_to_the_source_truth(spark, tmp_path: Path, form
     malformed = sum(1 for m in stream.messages if m.is_malformed)
     assert sum(r.dead_letters for r in results) == malformed
     truth = stream.expected_truth(history)
-    comparison = assert_tables_equal_truth(spark, lake, truth, scd2=format_name in WITH_SCD2, label=format_name)
+    comparison = assert_tables_equal_truth(lake, truth, spark=spark, scd2=format_name in WITH_SCD2, label=format_name)
     assert sum(r.actual_rows for r in comparison) > 0

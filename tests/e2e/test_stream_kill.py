@@ -115,7 +115,7 @@ def test_stream_killed_at_a_random_point_then_restarted_ends_as_the_truth(spark,
     recorded = progress.select("batch_id", "scope", "database", "schema", "table", "topic", "partition")
     assert recorded.count() == recorded.distinct().count(), f"{note}: a batch's progress recorded twice"
     truth = stream.expected_truth(history)
-    assert_tables_equal_truth(spark, lake, truth, table_format=table_format, scd2=True, label=note)
+    assert_tables_equal_truth(lake, truth, spark=spark, table_format=table_format, scd2=True, label=note)
     for database, table in truth:
         changelog = history_table(spark, lake, "changelog", safe_name(database), safe_name(table), table_format)
         assert changelog is not None, f"{note}: no changelog of {database}.{table}"

@@ -49,6 +49,8 @@ class Message:
     description: str
     headers: tuple[tuple[str, bytes], ...] = ()
     """Kafka record headers (name, value), in order; text values (a capture file of records writes them so)."""
+    timestamp: int | None = None
+    """The Kafka record's timestamp, epoch milliseconds; None: left to the producer (or absent from a capture)."""
 
     @property
     def is_resend(self) -> bool:
@@ -155,9 +157,9 @@ def render_stream(
 
 def to_capture(messages: Sequence[Message], *, binary: bool = False) -> tuple[str, InputEncoding, int]:
     """Capture-file text for ``cdclake replay``, its ``--input-encoding`` and its number of lines: :func:`to_lines`
-    when no message has headers, else one Kafka record per line (``records``: key and value in base64, exact bytes,
-    headers as ``kcat -J`` writes them), tombstones included."""
-    if not any(m.headers for m in messages):
+    when no message has headers or a timestamp, else one Kafka record per line (``records``: key and value in
+    base64, exact bytes, headers and ``ts`` as ``kcat -J`` writes them), tombstones included."""
+    if not any(m.headers or m.timestamp is not None for m in messages):
         text = to_lines(messages, binary=binary)
         return text, "b64" if binary else "lines", text.count("\n")
 
@@ -170,6 +172,7 @@ def to_capture(messages: Sequence[Message], *, binary: bool = False) -> tuple[st
                 "key_b64": b64(m.key),
                 "value_b64": b64(m.value),
                 "headers": [part for name, value in m.headers for part in (name, value.decode("utf-8"))] or None,
+                "ts": m.timestamp,
             }
         )
         for m in messages
