@@ -578,9 +578,9 @@ class Pipeline:
     def _apply_batch(self, events: DataFrame, batch_id: int, txn: Txn | None, result: BatchResult) -> BatchResult:
         with result.timed("decode"):
             summary = _summary(events)
-        self._warn_of_partitions(summary)
         helpers = self._helper_tables(summary)
         excluded = self._excluded_tables(summary) - helpers  # a helper's statements count even when excluded
+        self._warn_of_partitions(summary, excluded | helpers)
         for row in summary:
             result.messages += row["n"]
             if _table_id_of(row) in excluded or (_table_id_of(row) in helpers and row[model.OP] != Op.DDL):
@@ -613,16 +613,18 @@ class Pipeline:
         log.info("batch %s: %s", batch_id, {k: round(v, 2) for k, v in result.seconds.items()})
         return result
 
-    def _warn_of_partitions(self, summary: Sequence[Row]) -> None:
+    def _warn_of_partitions(self, summary: Sequence[Row], left_out: set[str]) -> None:
         """Warns once per source table whose changes without a position (Kafka-ordered: Canal, DTS Canal, Lindorm,
         Maxwell without ``output_binlog_position``...) have come from more than one Kafka partition in this process,
         under ``kafka_order: partition``: their order across partitions is then the partitions' numbers, not the
-        source's (README "Ordering across Kafka partitions")."""
+        source's (README "Ordering across Kafka partitions"). Tables of ``left_out`` (table ids) do not land."""
         if self.kafka_order != "partition":
             return
         for row in summary:
             op = row[model.OP]
             if row["bad"] or row[model.TABLE] is None or row["position"] is not None:
+                continue
+            if _table_id_of(row) in left_out:
                 continue
             if op not in _ROW_OPS and op != Op.TRUNCATE.value:
                 continue

@@ -126,6 +126,27 @@ shapes = st.builds(
     table_format="delta",
     scd2=True,
 )
+@example(  # a Canal stream spread over 3 partitions: by arrival order its key updates and truncate land wrong
+    format_name="canal-json",
+    config=HistoryConfig(
+        seed=5,
+        tables=2,
+        events=60,
+        keys_per_table=8,
+        keyless_tables=1,
+        truncates=1,
+        added_columns=1,
+        key_update_ratio=0.5,
+    ),
+    shape=RenderOptions(heartbeat_every=0, resends=1, malformed=1, transactions=False, partial_updates=True),
+    batches=3,
+    render_seed=4,
+    partitions=3,
+    arrival_seed=8,
+    lagging=False,
+    table_format="delta",
+    scd2=True,
+)
 @given(
     format_name=st.sampled_from(sorted(renderers())),
     config=histories,
