@@ -328,9 +328,9 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         unpositioned = sorted((found["topic"], found["partition"]) for found in row["unpositioned"] or [])
         warnings = [unordered.text] if unordered and unordered.warning_only else []
         # A table that sequence_by orders is ordered by its column (the run's events carry positions then).
-        several = len({partition for _, partition in unpositioned}) > 1
-        if lands == "yes" and several and kafka_order == "partition" and not ordered:
-            warnings.append(partitions_warning(ident, unpositioned))
+        spread = partitions_warning(ident, unpositioned) if lands == "yes" and kafka_order == "partition" else None
+        if spread is not None and not ordered:
+            warnings.append(spread)
         findings.append(
             TableFinding(
                 name=".".join(part for part in ident if part),

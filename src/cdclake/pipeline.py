@@ -631,11 +631,10 @@ class Pipeline:
             ident = _ident_of(row)
             seen = self._unpositioned_partitions.setdefault(ident, set())
             seen.add((row[model.TOPIC], row[model.PARTITION]))
-            # Partition numbers, not topics: a capture replay's files are topics of partition 0 each, and their
-            # offsets are in file order.
-            if len({partition for _, partition in seen}) > 1 and ident not in self._partitions_warned:
+            warning = partitions_warning(ident, sorted(seen))
+            if warning is not None and ident not in self._partitions_warned:
                 self._partitions_warned.add(ident)
-                log.warning("%s", partitions_warning(ident, sorted(seen)))
+                log.warning("%s", warning)
 
     def _excluded_tables(self, summary: Sequence[Row]) -> set[str]:
         """The batch's tables that ``settings.tables`` leaves out, by :func:`cdclake.apply.table_id`: decided once
@@ -1881,10 +1880,13 @@ def unknown_keys_problem(
     )
 
 
-def partitions_warning(ident: tuple[str | None, str | None, str], partitions: Sequence[tuple[str, int]]) -> str:
-    """The warning about a table whose changes without a position come from several Kafka ``partitions`` ((topic,
+def partitions_warning(ident: tuple[str | None, str | None, str], partitions: Sequence[tuple[str, int]]) -> str | None:
+    """The warning about a table whose changes without a position come from the Kafka ``partitions`` ((topic,
     partition)s) under ``kafka_order: partition`` (``Pipeline._warn_of_partitions``; ``cdclake check`` prints it
-    too)."""
+    too); None when they all come from one partition number. Partition numbers, not topics: a capture replay's files
+    are topics of partition 0 each, and their offsets are in file order."""
+    if len({partition for _, partition in partitions}) < 2:
+        return None
     listed = ", ".join(f"{topic}[{partition}]" for topic, partition in partitions)
     return (
         f"{_table_name(ident)}: its changes come from Kafka partitions {listed} and carry no position, so they are "
