@@ -328,8 +328,12 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         unpositioned = sorted((found["topic"], found["partition"]) for found in row["unpositioned"] or [])
         warnings = [unordered.text] if unordered and unordered.warning_only else []
         # A table that sequence_by orders is ordered by its column (the run's events carry positions then).
-        spread = partitions_warning(ident, unpositioned) if lands == "yes" and kafka_order == "partition" else None
-        if spread is not None and not ordered:
+        spread = (
+            partitions_warning(ident, unpositioned)
+            if lands == "yes" and kafka_order == "partition" and not ordered
+            else None
+        )
+        if spread is not None:
             warnings.append(spread)
         findings.append(
             TableFinding(

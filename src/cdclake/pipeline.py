@@ -629,10 +629,12 @@ class Pipeline:
             if op not in _ROW_OPS and op != Op.TRUNCATE.value:
                 continue
             ident = _ident_of(row)
+            if ident in self._partitions_warned:
+                continue
             seen = self._unpositioned_partitions.setdefault(ident, set())
             seen.add((row[model.TOPIC], row[model.PARTITION]))
             warning = partitions_warning(ident, sorted(seen))
-            if warning is not None and ident not in self._partitions_warned:
+            if warning is not None:
                 self._partitions_warned.add(ident)
                 log.warning("%s", warning)
 
