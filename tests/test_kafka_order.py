@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from typer.testing import CliRunner
 
 from cdclake import model
 from cdclake.check import check_messages
+from cdclake.cli.main import app
 from cdclake.devtools import broker
 from cdclake.devtools.verify import read_table
 from cdclake.exceptions import ConfigError
@@ -215,6 +217,45 @@ def test_a_stream_from_a_real_broker_orders_by_the_record_timestamps(
     run(spark, config, on_batch=batches.append)
     assert sum(batch.messages for batch in batches) == 5  # events: the first message inserts two rows
     assert _rows(lake) == {"1": "c", "3": "d"}
+
+
+def test_a_replay_of_a_dump_that_lists_the_partitions_in_turn_orders_by_the_flag(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """`cdclake replay --input-encoding records`: a `kcat -J` dump of the moved table's topic lists partition 1 before
+    partition 3, so in file order the update and the delete come before the insert they follow. With
+    ``--kafka-order timestamp`` the records' timestamps order them and the lake records that order; without the flag
+    the file order stands (README "Replay captured messages")."""
+    dump = tmp_path / "shop.jsonl"
+    records = [record for records in reversed(MOVED_TABLE) for record in records]
+    dump.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "topic": TOPIC,
+                    "partition": partition,
+                    "offset": offset,
+                    "tstype": "create",
+                    "ts": int((START + timedelta(seconds=seconds)).timestamp() * 1000),
+                    "key": None,
+                    "payload": json.dumps(message),
+                }
+            )
+            + "\n"
+            for partition, offset, seconds, message in records
+        ),
+        encoding="utf-8",
+    )
+    replay = ["replay", "--format", "canal-json", "--input-encoding", "records", str(dump)]
+    by_time, by_file = str(tmp_path / "by_time"), str(tmp_path / "by_file")
+    done = CliRunner().invoke(app, [*replay, "--lake", by_time, "--kafka-order", "timestamp"])
+    assert done.exit_code == 0, done.output
+    assert _rows(by_time) == {"1": "c", "3": "d"}
+    assert Path(by_time, KAFKA_ORDER_FILE).read_text(encoding="utf-8").strip() == "timestamp"
+    done = CliRunner().invoke(app, [*replay, "--lake", by_file])
+    assert done.exit_code == 0, done.output
+    assert _rows(by_file) == {"1": "a", "2": "b", "3": "d"}
+    assert not Path(by_file, KAFKA_ORDER_FILE).exists()
 
 
 @pytest.mark.parametrize("kafka_order", ["partition", "timestamp"])

@@ -482,7 +482,8 @@ class Pipeline:
                     f"the lake {self.settings.lake} orders events without a position by their Kafka record timestamps "
                     f"(kafka_order: timestamp, recorded in {KAFKA_ORDER_FILE}); ordered by partition, every change "
                     "would be taken as older than the rows it holds, and dropped",
-                    "leave `kafka_order` out (the lake's order is kept) or set it to `timestamp`",
+                    "leave `kafka_order` out (the lake's order is kept; `cdclake replay`: `--kafka-order`) or set it "
+                    "to `timestamp`",
                 )
             self._kafka_order = "timestamp" if wanted == "timestamp" else "partition"
         return self._kafka_order

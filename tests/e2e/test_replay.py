@@ -189,6 +189,7 @@ def test_cli_table_selection() -> None:
         (["--format", "canal-json", "--lake", "L", "--option", "zone", "README.md"], "'zone' is not name=value"),
         (["--format", "canal-json", "--lake", "L", "--sequence-by", "t", "README.md"], "expected db.table=column"),
         (["--format", "canal-json", "--lake", "L", "--deletion-vectors", "yes", "README.md"], "--deletion-vectors"),
+        (["--format", "canal-json", "--lake", "L", "--kafka-order", "time", "README.md"], "--kafka-order"),
         (["--format", "canal-json", "--lake", "L", "--partition-by", "t=days(ts)", "README.md"], "Iceberg transform"),
     ],
 )

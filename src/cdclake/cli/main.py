@@ -329,6 +329,15 @@ def replay(
     ] = None,
     table_format: DefaultTableFormatOption = None,
     iceberg_catalog: IcebergCatalogOption = None,
+    kafka_order: Annotated[
+        str | None,
+        typer.Option(
+            help="The order of changes whose format carries no position (Canal, DTS Canal JSON, Lindorm...): "
+            "partition (the file order) or timestamp (the records' timestamps, for a capture that interleaves "
+            "several Kafka partitions, such as a kcat dump of a whole topic; the lake keeps it from then on). "
+            "Default: the lake's recorded order, else partition. README: Ordering across Kafka partitions.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -373,6 +382,7 @@ def replay(
         "--deletion-vectors": deletion_vectors is not None,
         "--table-format": table_format is not None,
         "--iceberg-catalog": iceberg_catalog is not None,
+        "--kafka-order": kafka_order is not None,
     }
     lake, cfg = _lake_of(lake, config, settled, adding="--format, --keys and --option")
     if cfg is not None:
@@ -386,6 +396,8 @@ def replay(
             raise InputError(f"--ddl-policy must be 'evolve', 'ignore' or 'fail', not {ddl_policy!r}")
         if deletion_vectors not in (None, "auto", "always", "never"):
             raise InputError(f"--deletion-vectors must be 'auto', 'always' or 'never', not {deletion_vectors!r}")
+        if kafka_order not in (None, "partition", "timestamp"):
+            raise InputError(f"--kafka-order must be 'partition' or 'timestamp', not {kafka_order!r}")
         _check_table_format(table_format or "delta", iceberg_catalog)
         _check_partition_by(partition_map, table_format or "delta")
     if format_name == "auto":
@@ -419,6 +431,7 @@ def replay(
             deletion_vectors=deletion_vectors or "auto",  # type: ignore[arg-type]
             table_format=(table_format or "delta"),  # type: ignore[arg-type]
             iceberg_catalog=iceberg_catalog,
+            kafka_order=kafka_order,  # type: ignore[arg-type]
         )
     if dry_run:
         from cdclake.check import check_capture
