@@ -29,6 +29,7 @@ from cdclake.model import KafkaOrder
 from cdclake.pipeline import KAFKA_ORDER_FILE, BatchResult, Pipeline, PipelineSettings
 from cdclake.runner import run
 from cdclake.spark import local_frame
+from cdclake.workload.renderers import Message, to_capture
 from tests.e2e.helpers import stream_config, topic_with
 
 pytestmark = pytest.mark.spark
@@ -87,6 +88,10 @@ def _pipeline(spark: SparkSession, lake: str, kafka_order: KafkaOrder | None) ->
             lake=lake, app_id=f"kafka-order-{uuid.uuid4()}", default_format="canal-json", kafka_order=kafka_order
         ),
     )
+
+
+def _millis(seconds: int) -> int:
+    return int((START + timedelta(seconds=seconds)).timestamp() * 1000)
 
 
 def _rows(lake: str) -> dict[str, str]:
@@ -222,31 +227,22 @@ def test_a_stream_from_a_real_broker_orders_by_the_record_timestamps(
 def test_a_replay_of_a_dump_that_lists_the_partitions_in_turn_orders_by_the_flag(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """`cdclake replay --input-encoding records`: a `kcat -J` dump of the moved table's topic lists partition 1 before
-    partition 3, so in file order the update and the delete come before the insert they follow. With
+    """`cdclake replay --input-encoding records`: a dump of the moved table's topic (records with their timestamps, as
+    `kcat -J` writes them) lists partition 1 before partition 3, so in file order the update and the delete come
+    before the insert they follow. With
     ``--kafka-order timestamp`` the records' timestamps order them and the lake records that order; without the flag
     the file order stands (README "Replay captured messages")."""
+    # The file order of such a dump: partition 1's records, then partition 3's; each with its record time.
+    dumped = [
+        Message(None, json.dumps(message).encode(), f"partition {partition}", timestamp=_millis(seconds))
+        for records in reversed(MOVED_TABLE)
+        for partition, _offset, seconds, message in records
+    ]
+    text, encoding, _ = to_capture(dumped)
+    assert encoding == "records"
     dump = tmp_path / "shop.jsonl"
-    records = [record for records in reversed(MOVED_TABLE) for record in records]
-    dump.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "topic": TOPIC,
-                    "partition": partition,
-                    "offset": offset,
-                    "tstype": "create",
-                    "ts": int((START + timedelta(seconds=seconds)).timestamp() * 1000),
-                    "key": None,
-                    "payload": json.dumps(message),
-                }
-            )
-            + "\n"
-            for partition, offset, seconds, message in records
-        ),
-        encoding="utf-8",
-    )
-    replay = ["replay", "--format", "canal-json", "--input-encoding", "records", str(dump)]
+    dump.write_text(text, encoding="utf-8")
+    replay = ["replay", "--format", "canal-json", "--input-encoding", encoding, str(dump)]
     by_time, by_file = str(tmp_path / "by_time"), str(tmp_path / "by_file")
     done = CliRunner().invoke(app, [*replay, "--lake", by_time, "--kafka-order", "timestamp"])
     assert done.exit_code == 0, done.output
