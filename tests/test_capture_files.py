@@ -39,6 +39,8 @@ RECORD_LINES = [
         (None, b"\x00\x01\x02", MARCH_1_10_15_31 + 250_000),
     ),
     ('{"value_b64":"%%%","key_b64":"AQ=="}', (b"\x01", b"%%%", None)),  # not base64: kept, for the dead letter
+    # A ts past what a timestamp holds (microseconds in a long): read as none, not an overflow that fails the batch.
+    ('{"ts":9223372036854775807,"payload":"x"}', (None, b"x", None)),
     # Lines that are not records are the message whole, as --input-encoding lines takes them.
     ("not json", (None, b"not json", None)),
     ('{"database":"shop","table":"t"}', (None, b'{"database":"shop","table":"t"}', None)),

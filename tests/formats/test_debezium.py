@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import logging
 from decimal import Decimal, localcontext
+from pathlib import Path
 
 import pytest
 
 from cdclake.formats import decode_batch, get_format
 from tests.conftest import SHARED
-from tests.formats.golden import read_jsonl
+from tests.formats.golden import canonical_rows, messages_frame, read_jsonl
 
 EXAMPLES = SHARED / "formats" / "examples"
 MINE = {
@@ -81,6 +83,74 @@ def test_connect_decimal_bytes_are_exact_for_any_length(spark) -> None:
         assert [Decimal(g) for g in got] == want
     assert got[:5] == ["0", "-1", "1.27", "1.28", "-1.28"]
     assert got[-1] == "500"
+
+
+@pytest.mark.spark
+def test_connect_decimals_past_the_limits_are_values_that_do_not_fit(spark) -> None:
+    """A scale beyond MAX_DECIMAL_SCALE (a corrupt 2**31 - 1 padded the text with that many zeros: the driver ran out
+    of memory) or bytes beyond MAX_UNSCALED_BYTES (quadratic: 4 KiB took 35 s) read as NULL, which the decoder
+    reports as a value that does not fit; up to the limits the text stays exact."""
+    from pyspark.sql import functions as F
+
+    from cdclake.formats._json_images import MAX_DECIMAL_SCALE, MAX_UNSCALED_BYTES, unscaled_text
+    from cdclake.spark import local_frame
+
+    longest = 2 ** (8 * MAX_UNSCALED_BYTES - 1) - 1
+    cases = [
+        (5, MAX_DECIMAL_SCALE),
+        (5, -MAX_DECIMAL_SCALE),
+        (longest, 2),
+        (5, MAX_DECIMAL_SCALE + 1),
+        (5, -MAX_DECIMAL_SCALE - 1),
+        (5, 2**31 - 1),
+        (5, -(2**31)),
+        (2 ** (8 * MAX_UNSCALED_BYTES), 0),  # one byte more
+    ]
+    frame = local_frame(spark, [(_two_complement(u), s) for u, s in cases], "b string, s int")
+    got = [r[0] for r in frame.select(unscaled_text(F.col("b"), F.col("s"))).collect()]
+    assert got[3:] == [None] * 5
+    with localcontext() as context:
+        context.prec = 3000
+        assert [Decimal(g) for g in got[:3]] == [Decimal(u).scaleb(-s) for u, s in cases[:3]]
+    assert got[1] == "5" + "0" * MAX_DECIMAL_SCALE
+
+    golden = read_jsonl(Path(__file__).parent.parent / "cases" / "debezium-json" / "insert.input.jsonl")[0]
+    golden["value"]["payload"]["after"]["num"] = {"scale": 2**31 - 1, "value": "+w=="}
+    frame = messages_frame(spark, [golden])
+    (row,) = canonical_rows(decode_batch(get_format("debezium-json"), frame, {}))
+    assert "column num does not fit" in row["error"], row["error"]
+
+
+@pytest.mark.spark
+def test_connect_times_keep_hours_past_99_and_any_long(spark) -> None:
+    """MySQL TIME reaches 838:59:59, sent as microseconds (MicroTime), milliseconds (Time, int32) or nanoseconds
+    (NanoTime) since midnight: every digit of the hours is kept (they were cut to two, so 838 became 83), and the ends
+    of a long are text, not an overflow that fails the batch."""
+    golden = read_jsonl(Path(__file__).parent.parent / "cases" / "debezium-json" / "insert.input.jsonl")[0]
+    after_fields = next(f for f in golden["value"]["schema"]["fields"] if f["field"] == "after")["fields"]
+    after_fields += [
+        {"field": "millis", "type": "int32", "optional": True, "name": "io.debezium.time.Time"},
+        {"field": "nanos", "type": "int64", "optional": True, "name": "io.debezium.time.NanoTime"},
+    ]
+    values = [  # alarm (MicroTime), millis, nanos
+        (3_020_399_000_000, 1_800_000_000, 3_020_399_000_000_000),
+        (-3_020_399_000_001, -1_800_000_001, -3_020_399_000_001_000),
+        (-(2**63), None, None),
+        (2**63 - 1, None, None),
+    ]
+    lines = []
+    for alarm, millis, nanos in values:
+        line = copy.deepcopy(golden)
+        line["value"]["payload"]["after"].update(alarm=alarm, millis=millis, nanos=nanos)
+        lines.append(line)
+    rows = canonical_rows(decode_batch(get_format("debezium-json"), messages_frame(spark, lines), {}))
+    assert [r["error"] for r in rows] == [None] * 4
+    assert [(r["after"]["alarm"], r["after"].get("millis"), r["after"].get("nanos")) for r in rows] == [
+        ("838:59:59.000000", "500:00:00.000000", "838:59:59.000000"),
+        ("-838:59:59.000001", "-500:00:00.001000", "-838:59:59.000001"),
+        ("-2562047788:00:54.775808", None, None),
+        ("2562047788:00:54.775807", None, None),
+    ]
 
 
 @pytest.mark.spark

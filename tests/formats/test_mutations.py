@@ -5,8 +5,10 @@ deterministically (``random.Random`` seeded per format): JSON messages node by n
 renamed, given another JSON kind, a huge number, an empty value, unicode oddities, a duplicate key) and as text (cut
 at a byte, wrapped in an array, other documents); Avro messages as bytes (flipped, cut, extended, another magic byte
 or schema id) and as records (fastavro: a value of the same Avro type that a source would hardly send, or a string,
-bytes, array or map whose length says 2,000,000,000: ``cdclake.spark.AVRO_LIMITS``). All of a format's
-messages, the originals included, are decoded in one batch, as the pipeline decodes (``decode_batch``).
+bytes, array or map whose length says 2,000,000,000: ``cdclake.spark.AVRO_LIMITS``). Besides that sample, every
+integer of every message is set to each end of Java's long and int, and every digit run of a text to 20 nines
+(:func:`edge_values`: under ANSI mode an overflow fails a batch). All of a format's messages, the originals included,
+are decoded in one batch, as the pipeline decodes (``decode_batch``).
 
 Per message (by its offset): the decode does not raise, the message yields at least one event, each event keeps the
 message's bytes and is either a dead letter (``error`` set) or a sane event (a canonical op, a table for row events,
@@ -21,6 +23,7 @@ import copy
 import io
 import json
 import random
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -142,6 +145,26 @@ ODD_TEXTS: Final = (
 )
 ODD_KEYS: Final = ("", "\u0000", "🚀", "_cdc_x", "a b", "k" * 300, "ID", "Id", "\t")
 
+EDGE_INTEGERS: Final = (-(2**63), 2**63 - 1, -(2**31), 2**31 - 1)
+"""The ends of Java's long and int. Arithmetic on them overflows (``abs`` and negation of the smallest long, a unit
+conversion, a scale padded with that many zeros), and under ANSI mode an overflow fails the whole batch, not the
+message: every integer of every message gets each of them (not a sample, unlike the other mutations)."""
+HUGE_DIGITS: Final = "99999999999999999999"
+"""Put in place of every digit run of a text value that has one (``decimal(10,2)``, ``"2024-01-01"``, a version):
+a number read from text that no long holds."""
+_DIGIT_RUN: Final = re.compile(r"\d+")
+
+
+def edge_values(old: Any) -> list[Any]:
+    """:data:`EDGE_INTEGERS` for an integer, :data:`HUGE_DIGITS` in the digit runs of a text, else nothing."""
+    if isinstance(old, bool):
+        return []
+    if isinstance(old, int):
+        return [edge for edge in EDGE_INTEGERS if edge != old]
+    if isinstance(old, str) and _DIGIT_RUN.search(old):
+        return [_DIGIT_RUN.sub(HUGE_DIGITS, old)]
+    return []
+
 
 def _kinds(old: Any) -> list[Any]:
     """Values of another JSON kind than ``old`` (its text as a number or a string where that reads alike)."""
@@ -247,6 +270,17 @@ def json_mutations(rng: random.Random, document: Any) -> Iterator[tuple[str, byt
     yield "UTF-16", dumps(document).encode("utf-16")
     for other in (b"", b" ", b"null", b"{}", b"[]", b'""', b"0", b"[{}]", b"true", b'{"":null}'):
         yield f"document {other!r}", other
+
+
+def json_edge_mutations(document: Any) -> Iterator[tuple[str, bytes]]:
+    """The message with one value at a time set to each of its :func:`edge_values`."""
+    for path in paths(document):
+        parent = document
+        for step in path[:-1]:
+            parent = parent[step]
+        for edge in edge_values(parent[path[-1]]):
+            changed = _apply(document, path, lambda _, edge=edge: edge)
+            yield f"edge {str(edge)[:24]} at {'/'.join(map(str, path))}", dumps(changed).encode("utf-8")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -387,6 +421,26 @@ def avro_record_mutations(rng: random.Random, layer: AvroLayer, value: bytes) ->
             break
 
 
+def avro_edge_mutations(layer: AvroLayer, value: bytes) -> Iterator[tuple[str, bytes]]:
+    """Records of the writer schema with one value at a time set to each of its :func:`edge_values` that the
+    schema takes (an ``int`` field does not take a long's ends)."""
+    try:
+        record = fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
+    except Exception:
+        return
+    for path in (p for p in _leaves(record) if p):
+        old: Any = record
+        for step in path:
+            old = old[step]
+        for edge in edge_values(old):
+            buffer = io.BytesIO()
+            try:
+                fastavro.schemaless_writer(buffer, layer.schema, _set(record, path, edge))
+            except Exception:
+                continue
+            yield f"record edge {str(edge)[:24]} at {'/'.join(map(str, path))}", layer.prefix + buffer.getvalue()
+
+
 def _varint(number: int) -> bytes:
     """Avro's zig-zag variable-length encoding of a (non-negative) length or count."""
     zigzag, out = number << 1, bytearray()
@@ -475,7 +529,8 @@ def _avro_nested(rng: random.Random, value: bytes) -> Iterator[tuple[str, bytes]
     if text is None:
         return
     inner = AvroLayer(b"", fastavro.parse_schema(json.loads(text)))
-    for what, message in avro_record_mutations(rng, inner, envelope["message"]):
+    nested = [*avro_record_mutations(rng, inner, envelope["message"]), *avro_edge_mutations(inner, envelope["message"])]
+    for what, message in nested:
         buffer = io.BytesIO()
         fastavro.schemaless_writer(buffer, QLIK_ENVELOPE, {**envelope, "message": message})
         yield f"message {what}", buffer.getvalue()
@@ -511,6 +566,8 @@ def mutated_messages(fmt: CdcFormat) -> list[Message]:
                 mutations += avro_inflated_lengths(rng, layer, value)
             if fmt.name == "qlik-avro":
                 mutations += _avro_nested(rng, value)
+            if layer is not None:
+                mutations += avro_edge_mutations(layer, value)
         else:
             try:
                 document = json.loads(value)
@@ -518,6 +575,7 @@ def mutated_messages(fmt: CdcFormat) -> list[Message]:
                 document = None
             if document is not None:
                 mutations += json_mutations(rng, document)
+                mutations += json_edge_mutations(document)
         messages += [Message(f"{case}: {what}", key, mutated) for what, mutated in mutations]
         messages.append(Message(f"{case}: key dropped", None, value))
         messages.append(Message(f"{case}: key garbage", b"\x00\xff{garbage", value))

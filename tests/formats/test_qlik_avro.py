@@ -300,6 +300,26 @@ def test_known_md_gives_table_key_and_replicate_types(spark: SparkSession) -> No
 
 
 @pytest.mark.spark
+def test_an_md_whose_table_version_is_not_a_number_reads_as_version_0(spark: SparkSession) -> None:
+    """An MD carries the schema of its own record (``messageSchema``), so ``tableVersion`` may come as text. Text that
+    is not a number is version 0, as a missing one is; a cast failed the whole batch (ANSI mode)."""
+    schema = json.loads(METADATA_SCHEMA_TEXT)
+    lineage = next(f for f in schema["fields"] if f["name"] == "lineage")["type"]
+    next(f for f in lineage["fields"] if f["name"] == "tableVersion")["type"] = "string"
+    lines = []
+    for version in ("seven", "7"):
+        line = _md_line(f"MD version {version}", QLIK_SCHEMA_ID, "STAFF", QLIK_COLUMNS, QLIK_DATA_SCHEMA_TEXT)
+        record = line["value"]["message"]["$avro"]
+        record["lineage"]["tableVersion"] = version
+        envelope = encode_envelope("MD", METADATA_SCHEMA_ID, json.dumps(schema), avro_bytes(schema, record))
+        lines.append({**line, "value_b64": base64.b64encode(envelope).decode()})
+    fmt = get_format("qlik-avro")
+    assert fmt.metadata is not None
+    rows = fmt.metadata.extract(messages_frame(spark, lines), {}).collect()
+    assert sorted((r["table"], r["table_version"]) for r in rows) == [("STAFF", 0), ("STAFF", 7)]
+
+
+@pytest.mark.spark
 def test_unknown_schema_id_is_a_dead_letter(spark: SparkSession) -> None:
     options = {"data_schemas": json.dumps({"00000000000000000000000000000000": QLIK_DATA_SCHEMA_TEXT})}
     rows = canonical_rows(get_format("qlik-avro").decode(messages_frame(spark, qlik_replay()[:1]), options))

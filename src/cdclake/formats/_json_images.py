@@ -111,11 +111,23 @@ def _place_point(digits: Column, scale: Column) -> Column:
     )
 
 
+MAX_UNSCALED_BYTES: Final = 1024
+"""The longest unscaled integer :func:`unscaled_text` reads: 2,466 digits (MySQL's DECIMAL(65) takes 28 bytes,
+PostgreSQL's NUMERIC(1000) 416). Its conversion is quadratic in the length, a lambda per byte over a growing array of
+limbs (one value on one core: 1 KiB 1.4 s, 4 KiB 35 s), so one longer value would hold its batch for minutes or
+hours; it is a value that does not fit instead (a dead letter with its text)."""
+MAX_DECIMAL_SCALE: Final = 16_383
+"""The largest scale, either sign, that :func:`unscaled_text` places (PostgreSQL's NUMERIC keeps up to 16,383 digits
+after the point, Oracle's NUMBER scales -84 to 127). The text is padded with up to that many zeros: a corrupt scale
+of 2**31 - 1 ran the driver out of memory."""
+
+
 def unscaled_text(b64: Column, scale: Column) -> Column:
     """debezium.md 5: base64 of a big-endian two's-complement unscaled integer + scale -> exact decimal text.
 
-    Any length (PostgreSQL NUMERIC and MySQL DECIMAL(65) exceed 128 bits), done with base-10^9 limbs. Null for
-    text that is not base64, or empty bytes.
+    Any length up to :data:`MAX_UNSCALED_BYTES` (PostgreSQL NUMERIC and MySQL DECIMAL(65) exceed 128 bits), done with
+    base-10^9 limbs. Null for text that is not base64, empty bytes, longer ones, or a scale beyond
+    :data:`MAX_DECIMAL_SCALE`.
     """
 
     def from_octets(octets: Column) -> Column:
@@ -128,14 +140,15 @@ def unscaled_text(b64: Column, scale: Column) -> Column:
             lambda limbs: _limbs_text(F.when(negative, _mul_add(limbs, 1, F.lit(1))).otherwise(limbs)),
         )
         sign = F.when(negative, F.lit("-")).otherwise(F.lit(""))
-        return F.when((F.size(octets) >= 1) & scale.isNotNull(), F.concat(sign, _place_point(digits, scale)))
+        placeable = scale.between(-MAX_DECIMAL_SCALE, MAX_DECIMAL_SCALE)
+        return F.when((F.size(octets) >= 1) & placeable, F.concat(sign, _place_point(digits, scale)))
 
     def from_hex(hexed: Column) -> Column:
         octets = F.transform(
             F.sequence(F.lit(0), (F.length(hexed) / 2 - 1).cast("int")),
             lambda i: F.conv(F.substring(hexed, i * 2 + 1, F.lit(2)), 16, 10).cast("int"),
         )
-        return F.when(F.length(hexed) > 0, let(octets, from_octets))
+        return F.when(F.length(hexed).between(2, 2 * MAX_UNSCALED_BYTES), let(octets, from_octets))
 
     return let(F.hex(F.try_to_binary(b64, F.lit("base64"))), from_hex)
 
@@ -144,10 +157,11 @@ def _time_text(micros_expr: Column) -> Column:
     """Microseconds since midnight -> ``[-]HH:mm:ss.ffffff`` (hours may exceed 23: MySQL TIME)."""
 
     def fmt(micros: Column) -> Column:
-        a = F.abs(micros)
+        # As a decimal: abs of the smallest long overflows, which under ANSI fails the batch, not the message.
+        a = F.abs(micros.cast("decimal(20,0)"))
         return F.concat(
             F.when(micros < 0, F.lit("-")).otherwise(F.lit("")),
-            F.lpad(div(a, 3_600_000_000).cast("string"), 2, "0"),
+            let(div(a, 3_600_000_000).cast("string"), lambda h: F.lpad(h, F.greatest(F.length(h), F.lit(2)), "0")),
             F.lit(":"),
             F.lpad(div(a % 3_600_000_000, 60_000_000).cast("string"), 2, "0"),
             F.lit(":"),

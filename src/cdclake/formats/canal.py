@@ -207,9 +207,11 @@ def _mysql_spark_type(t: Column, base: Column, bit_type: str) -> Column:
     unsigned = t.rlike(r"\bunsigned\b")
     precision = F.regexp_extract(t, r"\(\s*(\d+)\s*(,\s*(\d+)\s*)?\)", 1)
     scale = F.regexp_extract(t, r"\(\s*(\d+)\s*,\s*(\d+)\s*\)", 2)
+    # try_cast: a digit run no int holds (`decimal(99999999999,2)`) makes a string column, not a failed batch.
+    digits = precision.try_cast("int")
     decimal = F.when(
-        (precision != "") & (precision.cast("int") <= 38) & (precision.cast("int") >= 1),
-        F.format_string("decimal(%s,%s)", precision.cast("int"), F.coalesce(F.nullif(scale, F.lit("")), F.lit("0"))),
+        (digits <= 38) & (digits >= 1),
+        F.format_string("decimal(%s,%s)", digits, F.coalesce(F.nullif(scale, F.lit("")), F.lit("0"))),
     ).otherwise(F.lit("string"))
     return (
         F.when((base == "bigint") & unsigned, F.lit("decimal(20,0)"))

@@ -117,7 +117,8 @@ SECONDS_LIMIT: Final = 100_000_000_000
 
 def _timestamp(member: Column) -> Column:
     stamp = member["timestamp"]
-    as_ms = F.abs(stamp) >= SECONDS_LIMIT
+    # Not abs(): abs of the smallest long overflows, and under ANSI that fails the batch, not the message.
+    as_ms = (stamp >= SECONDS_LIMIT) | (stamp <= -SECONDS_LIMIT)
     seconds = F.when(as_ms, F.floor(stamp / 1000)).otherwise(stamp).cast("bigint")
     micros = F.when(as_ms, F.pmod(stamp, F.lit(1000)) * 1000).otherwise(F.lit(0)) + F.coalesce(
         member["millis"], F.lit(0)

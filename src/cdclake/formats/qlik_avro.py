@@ -309,7 +309,9 @@ def extract_metadata(messages: DataFrame, options: FormatOptions) -> DataFrame:
         F.get_json_object(definition, "$.lineage.schema").alias("database"),
         F.lit(None).cast("string").alias("schema"),
         F.get_json_object(definition, "$.lineage.table").alias("table"),
-        F.coalesce(F.get_json_object(definition, "$.lineage.tableVersion").cast("bigint"), F.lit(0)).alias(
+        # try_cast: a tableVersion that is not a number reads as 0 (as a missing one does), where a cast
+        # would fail the batch.
+        F.coalesce(F.get_json_object(definition, "$.lineage.tableVersion").try_cast("bigint"), F.lit(0)).alias(
             "table_version"
         ),
         definition.alias("definition"),
