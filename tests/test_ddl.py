@@ -87,6 +87,22 @@ def test_table_changes_and_statements_that_change_no_table() -> None:
     assert parse_ddl("ALTER TABLE t FROBNICATE", db_type="MySQL", database="x", schema=None).error
 
 
+def test_a_statement_nested_too_deeply_for_the_parser_is_a_ddl_that_does_not_parse() -> None:
+    """sqlglot recurses per nested expression: 60 nested parentheses raised RecursionError out of parse_ddl, which
+    stopped the batch (found by fuzzing parse_ddl with mutated statements)."""
+    nested = "(" * 60 + "1" + ")" * 60
+    cases = [
+        (f"ALTER TABLE t ADD c INT DEFAULT {nested}", "MySQL", "cannot parse DDL: nested too deeply"),
+        (f"ALTER TABLE t ADD c DECIMAL{nested}", None, "cannot parse DDL: nested too deeply"),
+        (f"ALTER TABLE T MODIFY (C NUMBER DEFAULT {nested})", "Oracle", "cannot parse MODIFY: nested too deeply"),
+    ]
+    for text, db_type, error in cases:
+        assert parse_ddl(text, db_type=db_type, database="x", schema=None).error == error, text
+    shallow = "(" * 10 + "1" + ")" * 10
+    parsed = parse_ddl(f"ALTER TABLE t ADD c INT DEFAULT {shallow}", db_type="MySQL", database="x", schema=None)
+    assert [(c.kind, c.column, c.spark_type) for c in parsed.changes] == [("add_column", "c", "int")]
+
+
 def test_types_map_only_when_lossless_and_widening_never_loses_values() -> None:
     assert spark_type_of(None) is None
     assert widened("int", "bigint")

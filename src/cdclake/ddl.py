@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import sqlglot
 from sqlglot import exp
@@ -127,6 +127,17 @@ def dialect_of(db_type: str | None) -> str | None:
     return DIALECTS.get((db_type or "").strip().lower())
 
 
+_PARSE_FAILURES: Final = (SqlglotError, RecursionError)
+"""What sqlglot raises on text it cannot parse. It parses nested expressions by recursion, and about 50 nested
+parentheses (a DEFAULT or a type's parameters) exceed Python's recursion limit: a statement from a message is then a
+DDL that does not parse, not an exception that stops the batch."""
+
+
+def _parse_problem(what: str, exc: BaseException) -> str:
+    reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:200]
+    return f"cannot parse {what}: {reason}"
+
+
 def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: str | None) -> ParsedDdl:
     """Parses one DDL statement of a source into schema changes (never executes anything)."""
     dialect = dialect_of(db_type)
@@ -146,8 +157,8 @@ def parse_ddl(text: str, *, db_type: str | None, database: str | None, schema: s
         try:
             with _sqlglot_fallbacks_quiet():
                 statements = [s for s in sqlglot.parse(text, read=attempt) if s is not None]
-        except SqlglotError as exc:
-            problem = f"cannot parse DDL: {str(exc).splitlines()[0][:200]}"
+        except _PARSE_FAILURES as exc:
+            problem = _parse_problem("DDL", exc)
             continue
         if not (len(statements) == 1 and isinstance(statements[0], exp.Command)):
             names.dialect = attempt
@@ -349,8 +360,8 @@ def _rename_tables(pairs: str, names: _Names) -> ParsedDdl:
             return ParsedDdl(error=f"cannot parse RENAME TABLE pair {pair.strip()!r}")
         try:
             old, new = (sqlglot.parse_one(p, read=names.dialect, into=exp.Table) for p in parts)
-        except SqlglotError as exc:
-            return ParsedDdl(error=f"cannot parse RENAME TABLE: {str(exc).splitlines()[0][:200]}")
+        except _PARSE_FAILURES as exc:
+            return ParsedDdl(error=_parse_problem("RENAME TABLE", exc))
         changes.append(SchemaChange("rename_table", names.table(old), new_table=names.table(new)))
     return ParsedDdl(tuple(changes))
 
@@ -358,8 +369,8 @@ def _rename_tables(pairs: str, names: _Names) -> ParsedDdl:
 def _oracle_modify(table_text: str, definitions: str, names: _Names) -> ParsedDdl:
     try:
         create = sqlglot.parse_one(f"CREATE TABLE {table_text} ({definitions})", read=names.dialect)
-    except SqlglotError as exc:
-        return ParsedDdl(error=f"cannot parse MODIFY: {str(exc).splitlines()[0][:200]}")
+    except _PARSE_FAILURES as exc:
+        return ParsedDdl(error=_parse_problem("MODIFY", exc))
     parsed = _create(create, names) if isinstance(create, exp.Create) else ParsedDdl(error="cannot parse MODIFY")
     if parsed.error or not parsed.changes:
         return ParsedDdl(error=parsed.error or "MODIFY without column definitions")
