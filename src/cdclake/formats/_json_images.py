@@ -154,7 +154,8 @@ def unscaled_text(b64: Column, scale: Column) -> Column:
 
 
 def _time_text(micros_expr: Column) -> Column:
-    """Microseconds since midnight -> ``[-]HH:mm:ss.ffffff`` (hours may exceed 23: MySQL TIME)."""
+    """Microseconds since midnight -> ``[-]HH:mm:ss.ffffff``; hours may exceed 23 and 99 (MySQL TIME reaches 838), and
+    any long is text (``-2562047788:00:54.775808``)."""
 
     def fmt(micros: Column) -> Column:
         # As a decimal: abs of the smallest long overflows, which under ANSI fails the batch, not the message.

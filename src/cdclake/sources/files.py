@@ -260,10 +260,10 @@ def record_columns(line: Column) -> tuple[Column, Column, Column, Column]:
         return F.coalesce(*map(bytes_of, names))
 
     text_time = F.coalesce(*(record[name] for name in TIMESTAMP_FIELDS))
-    # Milliseconds through try_multiply: timestamp_millis of a number past the microsecond range fails the batch
-    # (ANSI overflow) where such a line should read as one without a timestamp.
-    millis = F.try_multiply(text_time.try_cast("bigint"), F.lit(1000))
-    timestamp = F.when(text_time.rlike(r"^-?[0-9]+$"), F.timestamp_micros(millis)).otherwise(
+    # Milliseconds to microseconds with try_multiply: timestamp_millis of a number past the microsecond range fails
+    # the batch (ANSI overflow), where such a line should read as one without a timestamp.
+    micros = F.try_multiply(text_time.try_cast("bigint"), F.lit(1000))
+    timestamp = F.when(text_time.rlike(r"^-?[0-9]+$"), F.timestamp_micros(micros)).otherwise(
         F.try_to_timestamp(text_time)
     )
     null_binary, null_time = F.lit(None).cast("binary"), F.lit(None).cast("timestamp")
