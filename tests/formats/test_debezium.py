@@ -7,13 +7,12 @@ import copy
 import json
 import logging
 from decimal import Decimal, localcontext
-from pathlib import Path
 
 import pytest
 
 from cdclake.formats import decode_batch, get_format
 from tests.conftest import SHARED
-from tests.formats.golden import canonical_rows, messages_frame, read_jsonl
+from tests.formats.golden import CASES, canonical_rows, messages_frame, read_jsonl
 
 EXAMPLES = SHARED / "formats" / "examples"
 MINE = {
@@ -114,7 +113,7 @@ def test_connect_decimals_past_the_limits_are_values_that_do_not_fit(spark) -> N
         assert [Decimal(g) for g in got[:3]] == [Decimal(u).scaleb(-s) for u, s in cases[:3]]
     assert got[1] == "5" + "0" * MAX_DECIMAL_SCALE
 
-    golden = read_jsonl(Path(__file__).parent.parent / "cases" / "debezium-json" / "insert.input.jsonl")[0]
+    golden = read_jsonl(CASES / "debezium-json" / "insert.input.jsonl")[0]
     golden["value"]["payload"]["after"]["num"] = {"scale": 2**31 - 1, "value": "+w=="}
     frame = messages_frame(spark, [golden])
     (row,) = canonical_rows(decode_batch(get_format("debezium-json"), frame, {}))
@@ -126,7 +125,7 @@ def test_connect_times_keep_hours_past_99_and_any_long(spark) -> None:
     """MySQL TIME reaches 838:59:59, sent as microseconds (MicroTime), milliseconds (Time, int32) or nanoseconds
     (NanoTime) since midnight: every digit of the hours is kept (they were cut to two, so 838 became 83), and the ends
     of a long are text, not an overflow that fails the batch."""
-    golden = read_jsonl(Path(__file__).parent.parent / "cases" / "debezium-json" / "insert.input.jsonl")[0]
+    golden = read_jsonl(CASES / "debezium-json" / "insert.input.jsonl")[0]
     after_fields = next(f for f in golden["value"]["schema"]["fields"] if f["field"] == "after")["fields"]
     after_fields += [
         {"field": "millis", "type": "int32", "optional": True, "name": "io.debezium.time.Time"},
@@ -155,8 +154,6 @@ def test_connect_times_keep_hours_past_99_and_any_long(spark) -> None:
 
 @pytest.mark.spark
 def test_unavailable_placeholder_is_configurable(spark) -> None:
-    from tests.formats.golden import canonical_rows, messages_frame
-
     value = {
         "before": None,
         "after": {"id": 1, "body": "<n/a>", "title": "t"},
@@ -179,7 +176,6 @@ def test_a_create_with_unavailable_values_left_unpaired_is_an_insert_and_a_warni
     its ``d`` (same PostgreSQL or MySQL position, same batch) it becomes an UPDATE from the old key; left unpaired
     (its ``d`` in an earlier batch, or Oracle, whose SCN may be shared) it stays an insert, whose row lacks the
     columns the log left out. That used to happen without a word; now a warning per table says how many."""
-    from tests.formats.golden import canonical_rows, messages_frame
 
     def change(op: str, at: int, image: dict[str, object], connector: str = "postgresql") -> dict[str, object]:
         source: dict[str, object] = {"connector": connector, "db": "appdb", "schema": "public", "ts_ms": 1}
@@ -216,8 +212,6 @@ def test_the_key_headers_make_a_primary_key_update_one_update(spark, caplog: pyt
     without its ``d`` in the batch; the ``d`` an OTHER event of its table, not applied. Headers in the header
     converter's forms: Kafka Connect's default (a JSON object) and the JsonConverter's with the Connect schema around
     the payload. A header that is no JSON object leaves a message as it looks."""
-    from tests.formats.golden import canonical_rows, messages_frame
-
     unavailable = "__debezium_unavailable_value"
 
     def change(op: str, at: int, image: dict[str, object], key: str | None, connector: str = "postgresql") -> dict:
@@ -286,8 +280,6 @@ def _connect_value(after_fields: object, before_fields: object) -> dict[str, obj
 def test_connect_schema_typed_and_as_variant_declare_the_same_columns(spark) -> None:
     """The typed parse of the Connect schema (CONNECT_SCHEMA), and the VARIANT one for schemas it cannot read, give
     the same columns: after's fields, then those only before declares (a column an update dropped)."""
-    from tests.formats.golden import canonical_rows, messages_frame
-
     decimal = {
         "field": "amount",
         "type": "bytes",
