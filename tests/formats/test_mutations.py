@@ -102,6 +102,13 @@ def paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]
         yield from paths(child, (*prefix, key))
 
 
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    """The node at ``path`` of a JSON document or a fastavro record."""
+    for step in path:
+        value = value[step]
+    return value
+
+
 _DROP: Final = object()
 
 HUGE_NUMBERS: Final = (
@@ -252,9 +259,7 @@ def json_mutations(rng: random.Random, document: Any) -> Iterator[tuple[str, byt
     """(what, value bytes) of the mutations of one JSON message."""
     nodes = list(paths(document))
     for path in rng.sample(nodes, min(len(nodes), NODES_PER_MESSAGE)):
-        parent = document
-        for step in path[:-1]:
-            parent = parent[step]
+        parent = _at(document, path[:-1])
         name, change = _node_mutation(rng, parent[path[-1]], parent)
         yield f"{name} at {'/'.join(map(str, path))}", dumps(_apply(document, path, change)).encode("utf-8", "replace")
     text = dumps(document).encode("utf-8")
@@ -275,10 +280,7 @@ def json_mutations(rng: random.Random, document: Any) -> Iterator[tuple[str, byt
 def json_edge_mutations(document: Any) -> Iterator[tuple[str, bytes]]:
     """The message with one value at a time set to each of its :func:`edge_values`."""
     for path in paths(document):
-        parent = document
-        for step in path[:-1]:
-            parent = parent[step]
-        for edge in edge_values(parent[path[-1]]):
+        for edge in edge_values(_at(document, path)):
             changed = _apply(document, path, lambda _, edge=edge: edge)
             yield f"edge {str(edge)[:24]} at {'/'.join(map(str, path))}", dumps(changed).encode("utf-8")
 
@@ -400,45 +402,49 @@ def _set(record: Any, path: tuple[Any, ...], value: Any) -> Any:
     return root
 
 
+def _read_record(layer: AvroLayer, value: bytes) -> Any:
+    """The value's record (fastavro, unions of records as (name, record) tuples); None when it does not read."""
+    try:
+        return fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
+    except Exception:
+        return None
+
+
+def _written(layer: AvroLayer, record: Any) -> bytes | None:
+    """The record written with the layer's schema (no framing); None when the schema does not take it."""
+    buffer = io.BytesIO()
+    try:
+        fastavro.schemaless_writer(buffer, layer.schema, record)
+    except Exception:
+        return None
+    return buffer.getvalue()
+
+
 def avro_record_mutations(rng: random.Random, layer: AvroLayer, value: bytes) -> Iterator[tuple[str, bytes]]:
     """Records of the writer schema with one value replaced by an odd one of a type the schema takes."""
-    try:
-        record = fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
-    except Exception:
+    record = _read_record(layer, value)
+    if record is None:
         return
     leaves = [p for p in _leaves(record) if p]
     for path in rng.sample(leaves, min(len(leaves), NODES_PER_MESSAGE)):
-        old: Any = record
-        for step in path:
-            old = old[step]
-        for new in _odd_values(rng, old):
-            buffer = io.BytesIO()
-            try:
-                fastavro.schemaless_writer(buffer, layer.schema, _set(record, path, new))
-            except Exception:
-                continue
-            yield f"record {'/'.join(map(str, path))} = {str(new)[:40]!r}", layer.prefix + buffer.getvalue()
-            break
+        for new in _odd_values(rng, _at(record, path)):
+            written = _written(layer, _set(record, path, new))
+            if written is not None:
+                yield f"record {'/'.join(map(str, path))} = {str(new)[:40]!r}", layer.prefix + written
+                break
 
 
 def avro_edge_mutations(layer: AvroLayer, value: bytes) -> Iterator[tuple[str, bytes]]:
     """Records of the writer schema with one value at a time set to each of its :func:`edge_values` that the
     schema takes (an ``int`` field does not take a long's ends)."""
-    try:
-        record = fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
-    except Exception:
+    record = _read_record(layer, value)
+    if record is None:
         return
     for path in (p for p in _leaves(record) if p):
-        old: Any = record
-        for step in path:
-            old = old[step]
-        for edge in edge_values(old):
-            buffer = io.BytesIO()
-            try:
-                fastavro.schemaless_writer(buffer, layer.schema, _set(record, path, edge))
-            except Exception:
-                continue
-            yield f"record edge {str(edge)[:24]} at {'/'.join(map(str, path))}", layer.prefix + buffer.getvalue()
+        for edge in edge_values(_at(record, path)):
+            written = _written(layer, _set(record, path, edge))
+            if written is not None:
+                yield f"record edge {str(edge)[:24]} at {'/'.join(map(str, path))}", layer.prefix + written
 
 
 def _varint(number: int) -> bytes:
@@ -460,29 +466,14 @@ def avro_inflated_lengths(rng: random.Random, layer: AvroLayer, value: bytes) ->
 
     Where the length is: the record is written again with that value empty; both encodings agree up to it (an empty
     value's length is the byte 0, a non-empty one's varint never starts with it)."""
-    try:
-        record = fastavro.schemaless_reader(io.BytesIO(value[len(layer.prefix) :]), layer.schema, None, True)
-    except Exception:
+    record = _read_record(layer, value)
+    if record is None:
         return
-    sized = []
-    for path in _leaves(record):
-        old: Any = record
-        for step in path:
-            old = old[step]
-        if path and isinstance(old, str | bytes | list | dict) and old:
-            sized.append((path, old))
+    sized = [(p, v) for p in _leaves(record) if p and isinstance(v := _at(record, p), str | bytes | list | dict) and v]
     for path, old in rng.sample(sized, min(len(sized), 4)):
-        encodings = []
-        for version in (record, _set(record, path, type(old)())):
-            buffer = io.BytesIO()
-            try:
-                fastavro.schemaless_writer(buffer, layer.schema, version)
-            except Exception:  # a record (also a dict) cannot be empty
-                break
-            encodings.append(buffer.getvalue())
-        if len(encodings) < 2:
+        full, emptied = _written(layer, record), _written(layer, _set(record, path, type(old)()))
+        if full is None or emptied is None:  # a record (also a dict) cannot be empty
             continue
-        full, emptied = encodings
         at = next(i for i, (a, b) in enumerate(zip(full, emptied, strict=False)) if a != b)
         length = _varint(len(old.encode() if isinstance(old, str) else old))
         if full[at : at + len(length)] != length or emptied[at] != 0:
