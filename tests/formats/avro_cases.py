@@ -689,6 +689,26 @@ def drs_cases() -> dict[str, list[dict[str, Any]]]:
             ),
         ),
         _line(
+            "INSERT: Timestamps in milliseconds near the ends of the timestamp range (+-9,100,000,000,000,999 ms, past "
+            "what a double holds exactly: the seconds are an exact floor division, not a rounded one)",
+            s,
+            _drs(
+                "INSERT",
+                607,
+                tableName="things",
+                fields=[
+                    *THING_FIELDS[:1],
+                    {"name": "seen", "dataTypeNumber": 93},
+                    {"name": "seen_first", "dataTypeNumber": 93},
+                ],
+                afterImages=[
+                    _drs_value("Integer", precision=8, value="7"),
+                    _drs_value("Timestamp", timestamp=9_100_000_000_000_999, millis=0),
+                    _drs_value("Timestamp", timestamp=-9_100_000_000_000_999, millis=0),
+                ],
+            ),
+        ),
+        _line(
             "INSERT: a label in GBK and one in Big5 (Character charsets beyond UTF-8, decoded as DTS's are)",
             s,
             _drs(

@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdclake import model
-from cdclake.formats.base import exact_text_image
+from cdclake.formats.base import div, exact_text_image
 from cdclake.spark import is_local_checkpoint
 
 _FIELD: Final = "struct<field: string, type: string, name: string, parameters: map<string, string>>"
@@ -57,11 +57,6 @@ NULL_VALUE: Final = "null"
 
 # ----------------------------------------------------------------------------------------------------------------
 # Shared value helpers
-
-
-def div(value: Column, divisor: int) -> Column:
-    """Exact floor division of a bigint column by a positive constant (no double rounding)."""
-    return F.floor(value.cast("decimal(38,0)") / F.lit(divisor)).cast("bigint")
 
 
 def let(value: Column, body: Callable[[Column], Column]) -> Column:

@@ -294,6 +294,13 @@ EXACT_TEXT_IMAGES: Final = f"array<{EXACT_TEXT_IMAGE}>"
 """An array of ``MAP<STRING, VARIANT>`` images cast to this is each image's :func:`exact_text_image`."""
 
 
+def div(value: Column, divisor: int) -> Column:
+    """Exact floor division of a bigint column by a positive constant. Not ``floor(value / divisor)``: ``/`` divides
+    doubles, which hold a long exactly only up to 2**53, so a millisecond count near the end of the timestamp range
+    (about 9.1e15, year 290,000) could floor to the next second."""
+    return F.floor(value.cast("decimal(38,0)") / F.lit(divisor)).cast("bigint")
+
+
 _EPOCH_LIMITS: Final = {"s": 9_223_372_036_854, "ms": 9_223_372_036_854_775}
 """The largest whole number of seconds and milliseconds since the epoch whose microseconds fit a long."""
 

@@ -55,7 +55,6 @@ from cdclake import model
 from cdclake.formats import register
 from cdclake.formats._json_images import (
     CONNECT_SCHEMA,
-    div,
     fields_columns,
     fields_errors,
     image_stages,
@@ -73,6 +72,7 @@ from cdclake.formats.base import (
     MESSAGE_VALUE,
     CdcFormat,
     FormatOptions,
+    div,
     epoch_timestamp,
     finish,
     first_error,

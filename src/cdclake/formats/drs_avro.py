@@ -36,6 +36,7 @@ from cdclake.formats.base import (
     CdcFormat,
     FormatOptions,
     analysed_with_java_charsets,
+    div,
     epoch_timestamp,
     finish,
     first_error,
@@ -119,7 +120,7 @@ def _timestamp(member: Column) -> Column:
     stamp = member["timestamp"]
     # Not abs(): abs of the smallest long overflows, and under ANSI that fails the batch, not the message.
     as_ms = (stamp >= SECONDS_LIMIT) | (stamp <= -SECONDS_LIMIT)
-    seconds = F.when(as_ms, F.floor(stamp / 1000)).otherwise(stamp).cast("bigint")
+    seconds = F.when(as_ms, div(stamp, 1000)).otherwise(stamp)
     micros = F.when(as_ms, F.pmod(stamp, F.lit(1000)) * 1000).otherwise(F.lit(0)) + F.coalesce(
         member["millis"], F.lit(0)
     )
