@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from cdclake import apply
-from cdclake.sinks.delta import DeltaSink
+from cdclake.sinks.delta import DeltaSink, safe_name
 from cdclake.tables import PerTable, TableFilter, TableRoute, TableRoutes, check_pattern, check_target, table_names
 
 
@@ -126,6 +126,15 @@ def test_routed_names_are_made_path_safe_and_drive_every_path_of_the_sink() -> N
     path = sink.table_path("shop", None, "orders")
     assert path.startswith("/lake/ods/shop_orders_")  # "-" is not path-safe: replaced, with a hash of the name
     assert sink.history_path("scd2", "shop", None, "orders") == f"/lake/_cdclake/scd2/{path.removeprefix('/lake/')}"
+
+
+def test_a_name_too_long_for_a_folder_is_shortened_and_one_that_fits_is_kept() -> None:
+    # Up to 255 bytes a name is its own folder, as before names were fitted: no existing table moves.
+    assert safe_name("t" * 255) == "t" * 255
+    long_a, long_b = "t" * 255 + "_a", "t" * 255 + "_b"  # a route's prefix or suffix makes such names
+    assert safe_name(long_a).startswith("t" * 200 + "_")
+    assert len(safe_name(long_a)) == 209
+    assert safe_name(long_a) != safe_name(long_b)  # the hash of the whole name tells them apart
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,13 @@ into Delta (in three batches) and Iceberg (in one) lake tables. The lake tables 
 from the same operations; a TRUNCATE of one shard becomes a dead letter (it would delete the other shards' rows)
 while the renamed table's TRUNCATE applies; a shard's ADD COLUMN changes the merged table; a RENAME of a shard within
 its pattern leaves the rows where they are; the shards' key columns come from a ``keys`` pattern; their changes of a
-batch are one MERGE; the history table, the progress rows and ``cdclake maintain`` follow the routes."""
+batch are one MERGE; the history table, the progress rows and ``cdclake maintain`` follow the routes. A crm table
+named in 255 characters (the longest identifier) lands too, although its routed name is longer than a folder name
+may be: it gets a shortened one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -25,6 +28,8 @@ pytestmark = pytest.mark.spark
 
 ROUTES = TableRoutes.of([(["shop.orders_*"], "shop.orders"), (["crm.*"], "ods.crm_{table}")])
 SHARDS = ("orders_0", "orders_1", "orders_2")
+LONG_TABLE = "contacts_" + "n" * 246
+"""255 characters: routed to ``ods.crm_<it>``, 259, past the 255 bytes of a folder name."""
 Row = dict[str, Any]
 
 
@@ -35,6 +40,7 @@ class Stream:
         self.lines: list[str] = []
         self.orders: dict[int, Row] = {}  # lake shop.orders: every shard's rows, keys disjoint
         self.customers: dict[int, Row] = {}  # lake ods.crm_customer
+        self.contacts: dict[int, Row] = {}  # lake ods.crm_<LONG_TABLE>, shortened
         self.columns = [("id", "LONG"), ("v", "STRING")]
 
     def _message(self, op: str, database: str, table: str, row: Row | None, *, ddl: str | None = None) -> None:
@@ -91,6 +97,10 @@ def _stream(seed: int) -> Stream:
                 shard = rng.choice(shards)
                 stream.change(rng, "shop", shard, stream.orders, shard_keys[shard])
 
+    # Its own random numbers, so the other tables' stream stays as it was.
+    contacts_rng = random.Random(seed + 1)
+    for _ in range(2):
+        stream.change(contacts_rng, "crm", LONG_TABLE, stream.contacts, range(1, 4))
     burst(150)
     # orders_0's TRUNCATE would delete the rows of orders_1 and orders_2 too: refused, so the reference keeps them.
     stream.ddl("TRUNCATE", "shop", "orders_0", "TRUNCATE TABLE orders_0")
@@ -100,10 +110,11 @@ def _stream(seed: int) -> Stream:
     stream.ddl("ALTER", "shop", "orders_1", "ALTER TABLE orders_1 ADD COLUMN note VARCHAR(20)")
     for row in stream.orders.values():
         row.setdefault("note", None)
-    for row in stream.customers.values():
+    for row in (*stream.customers.values(), *stream.contacts.values()):
         row.setdefault("note", None)
     stream.columns.append(("note", "STRING"))
     burst(60)
+    stream.change(contacts_rng, "crm", LONG_TABLE, stream.contacts, range(1, 4))
     # Both names match shop.orders_*: the rows stay in shop.orders, and later changes of orders_2_old land there.
     stream.ddl("RENAME", "shop", "orders_2", "RENAME TABLE orders_2 TO orders_2_old")
     shard_keys["orders_2_old"] = shard_keys.pop("orders_2")
@@ -129,12 +140,13 @@ def test_routed_tables_land_where_the_routes_say(spark: SparkSession, tmp_path: 
         changelog=["crm.c*"],  # a pattern, as in `tables`
         table_format=table_format,  # type: ignore[arg-type]
     )
-    assert len(results) == (3 if table_format == "delta" else 1)  # 354 messages
+    assert len(results) == (3 if table_format == "delta" else 1)  # 357 messages
 
     sink = lake_sink(spark, lake, table_format)  # type: ignore[arg-type]  # no routes: reads by lake name
     for (database, table), reference in (
         (("shop", "orders"), stream.orders),
         (("ods", "crm_customer"), stream.customers),
+        (("ods", f"crm_{LONG_TABLE}"), stream.contacts),
     ):
         rows = sink.read(database, table).select("id", "v", "note").collect()
         assert {r["id"]: r.asDict() for r in rows} == {k: {"note": None, **row} for k, row in reference.items()}
@@ -144,6 +156,9 @@ def test_routed_tables_land_where_the_routes_say(spark: SparkSession, tmp_path: 
         # before and after the RENAME (one MERGE per shard made 15).
         history = spark.sql(f"DESCRIBE HISTORY delta.`{lake}/shop/orders`").where("operation = 'MERGE'")
         assert history.count() == 5
+    routed_long = f"crm_{LONG_TABLE}"
+    contacts = f"{routed_long[:200]}_{hashlib.sha1(routed_long.encode()).hexdigest()[:8]}"
+    assert len(contacts) == 209
     lake_dirs = {p.name for p in Path(lake).iterdir()} - {"_cdclake"}
     assert lake_dirs == {"shop", "ods"}
     assert {p.name for p in (Path(lake) / "shop").iterdir()} == {"orders"}
@@ -177,6 +192,7 @@ def test_routed_tables_land_where_the_routes_say(spark: SparkSession, tmp_path: 
     assert recorded == {
         **{("shop", shard): "shop/orders" for shard in (*SHARDS, "orders_2_old")},
         ("crm", "customer"): "ods/crm_customer",
+        ("crm", LONG_TABLE): f"ods/{contacts}",
     }
     maintained = {
         (m.kind, m.path.removeprefix(lake + "/")) for m in maintain_lake(spark, lake, table_format=table_format)
@@ -184,8 +200,12 @@ def test_routed_tables_land_where_the_routes_say(spark: SparkSession, tmp_path: 
     assert {m for m in maintained if m[0] != "bookkeeping"} == {
         ("lake", "shop/orders"),
         ("lake", "ods/crm_customer"),
+        ("lake", f"ods/{contacts}"),
         ("changelog", sink.history_path("changelog", "ods", None, "crm_customer").removeprefix(lake + "/")),
+        ("changelog", sink.history_path("changelog", "ods", None, routed_long).removeprefix(lake + "/")),
     }
+    # Every folder of the lake, history tables' included (Iceberg's `_changelog_<table>`), fits a file system.
+    assert max(len(p.name.encode()) for p in Path(lake).rglob("*")) <= 255
 
 
 _IDENT = ("database", "table", "lake_table")

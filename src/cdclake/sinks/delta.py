@@ -126,16 +126,36 @@ ENABLE_DELETION_VECTORS: Final = "delta.enableDeletionVectors"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
+MAX_SEGMENT_BYTES: Final = 255
+"""The longest file or folder name of the common file systems (ext4, XFS, APFS; HDFS by default,
+``dfs.namenode.fs-limits.max-component-length``). A lake table's folder is named after its source table, and a
+route (``ods.crm_{table}``) or an Iceberg history table (``_scd2_<table>``) adds to a name that may already be 255
+characters long: past the limit, the table's creation failed the batch, and every restart failed on it again."""
+
+
+def _name_digest(name: str) -> str:
+    return hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
+
+
+def fitted_segment(name: str) -> str:
+    """``name`` as a path segment within :data:`MAX_SEGMENT_BYTES`: as it is when it fits, else its first 200
+    characters and a short hash of the whole name, so two long names never share a table. Only names that no file
+    system here could hold change, so no existing table moves."""
+    if len(name.encode("utf-8")) <= MAX_SEGMENT_BYTES:
+        return name
+    return f"{name.encode('utf-8')[:200].decode('utf-8', 'ignore')}_{_name_digest(name)}"
+
+
 def safe_name(name: str | None, default: str = "default") -> str:
     """A path segment made of letters, digits and ``_``. A name that had to change gets a short hash suffix, so
-    two different source names never share a lake table (``a-b`` and ``a_b`` stay apart)."""
+    two different source names never share a lake table (``a-b`` and ``a_b`` stay apart); so does one too long
+    for a path segment (:func:`fitted_segment`)."""
     if not name:
         return default
     cleaned = _UNSAFE.sub("_", name)
     if cleaned == name and not name.startswith("_"):
-        return name
-    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:8]
-    return f"{cleaned.strip('_')[:100] or 'x'}_{digest}"
+        return fitted_segment(name)
+    return f"{cleaned.strip('_')[:100] or 'x'}_{_name_digest(name)}"
 
 
 def sql_string(text: str) -> str:

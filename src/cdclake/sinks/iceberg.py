@@ -55,6 +55,7 @@ from cdclake.sinks.delta import (
     DeltaSink,
     MergeStatement,
     Txn,
+    fitted_segment,
     merge_statement,
     ordering_of,
     source_properties,
@@ -645,7 +646,7 @@ class IcebergSink(DeltaSink):
         One level of namespace, as every catalog has (Glue and Hive have no nested ones); no source table's name
         starts with ``_`` (:func:`~cdclake.sinks.delta.safe_name`)."""
         namespace, lake_table = self._names(table_path)
-        return f"{self.lake}/{namespace}/_{kind}_{lake_table}"
+        return f"{self.lake}/{namespace}/{fitted_segment(f'_{kind}_{lake_table}')}"
 
     def table_schema(self, path: str) -> StructType | None:
         return self.spark.table(self._identifier_of(path)).schema if self._user_table_exists(path) else None
