@@ -123,6 +123,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
         "crm.notes": ["missing"],
         "crm.a*": ["region"],  # accounts, audits
         "crm.log": ["region"],
+        "crm.tags": ["v"],
     }
     first = _capture(
         tmp_path,
@@ -161,9 +162,23 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
             ),
             row_message("DELETE", "orders", [{"id": "2", "region": "us", "v": "b"}], TYPES),
             row_message("INSERT", "orders", [{"id": "3", "region": "apac", "v": "c"}], TYPES),
+            # Partition folder names of up to 255 bytes: `v=` and 120 two-byte characters (247) lands; 90 slashes,
+            # each written %2F (272), would fail the batch's write: a dead letter, and the other rows land.
+            row_message(
+                "INSERT",
+                "tags",
+                [{"id": "1", "region": "eu", "v": "é" * 120}, {"id": "2", "region": "eu", "v": "/" * 90}],
+                TYPES,
+            ),
         ],
     )
     replay(spark, lake=lake, format_name="canal-json", paths=[first], partition_by=partition_by)
+    assert _rows(f"{lake}/crm/tags") == [(1, "eu", "é" * 120)]
+    assert [r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()] == [
+        "value of partition column v names a folder of 272 bytes, over the 255 a file system holds: the row cannot be "
+        "stored in its partition (correct the value at the source, or partition the lake table by another column), "
+        "then replay this dead letter"
+    ]
     orders = f"{lake}/crm/orders"
     assert _delta_partitioning(spark, orders) == ["region"]  # spelt as the table spells it
     assert _delta_partitioning(spark, f"{lake}/crm/items") == ["region"]
@@ -214,7 +229,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
 def test_iceberg_tables_take_transforms_and_keep_them_through_a_rename(spark, tmp_path: Path) -> None:
     lake = str(tmp_path / "lake")
     types = {"id": "bigint(20)", "ts": "datetime", "v": "varchar(8)"}
-    partition_by = {"crm.events*": ["days(ts)", "bucket(4, id)"], "crm.flags": ["hours(v)"]}
+    partition_by = {"crm.events*": ["days(ts)", "bucket(4, id)"], "crm.flags": ["hours(v)"], "crm.tags": ["v"]}
     first = _capture(
         tmp_path,
         "a.jsonl",
@@ -238,6 +253,14 @@ def test_iceberg_tables_take_transforms_and_keep_them_through_a_rename(spark, tm
             ),
             # hours() of a string column: the table is created without that field, and its rows land.
             row_message("INSERT", "flags", [{"id": "1", "ts": "2026-12-01 09:00:00", "v": "f"}], types),
+            # Iceberg writes each byte of a two-byte character as %XX: `v=` and 42 of them take 254 bytes, 43 take 260
+            # (a dead letter; Delta would hold both).
+            row_message(
+                "INSERT",
+                "tags",
+                [{"id": "1", "ts": None, "v": "é" * 42}, {"id": "2", "ts": None, "v": "é" * 43}],
+                types,
+            ),
         ],
     )
     replay(spark, lake=lake, format_name="canal-json", paths=[first], partition_by=partition_by, table_format="iceberg")
@@ -245,6 +268,9 @@ def test_iceberg_tables_take_transforms_and_keep_them_through_a_rename(spark, tm
     assert sink.partitioning("crm", None, "events") == (PartitionField("ts", "days"), PartitionField("id", "bucket", 4))
     assert sink.partitioning("crm", None, "flags") == ()
     assert sink.read("crm", "flags").count() == 1
+    assert [(r["id"], r["v"]) for r in sink.read("crm", "tags").collect()] == [(1, "é" * 42)]
+    reasons = [r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()]
+    assert [r.split(",")[0] for r in reasons] == ["value of partition column v names a folder of 260 bytes"]
     second = _capture(
         tmp_path,
         "b.jsonl",

@@ -67,7 +67,15 @@ from cdclake.formats.base import (
 )
 from cdclake.model import KafkaOrder, Op, quote
 from cdclake.sinks import TableFormat, TableProperties, check_table_properties, history, lake_sink
-from cdclake.sinks.delta import POSITION_COLUMN, DeletionVectors, Txn, concurrently, in_turns, turn_marker
+from cdclake.sinks.delta import (
+    MAX_SEGMENT_BYTES,
+    POSITION_COLUMN,
+    DeletionVectors,
+    Txn,
+    concurrently,
+    in_turns,
+    turn_marker,
+)
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.small_files import SmallFiles
 from cdclake.spark import (
@@ -1288,7 +1296,8 @@ class Pipeline:
         events: DataFrame,
     ) -> tuple[Column | None, set[str]]:
         """Per event: why it does not fit the lake table (null when it fits): a key value that is NULL (for the
-        tables whose plan counted some), a value that does not fit the table's column type, or a row that does
+        tables whose plan counted some), a value that does not fit the table's column type, a partition value that
+        would name a folder too long for a file system (``DeltaSink.folder_columns``), or a row that does
         not meet one of the table's CHECK ``constraints`` (by table id;
         :mod:`cdclake.constraints`). And the ids of the tables with a constraint that cannot be checked on the
         events' images (:meth:`_refuse_rows_not_meeting_constraints` checks them on the rows a MERGE would write).
@@ -1351,6 +1360,21 @@ class Pipeline:
                     )
                     lost = this_table & text.isNotNull() & ~fits
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
+            for column in self.sink.folder_columns(plan, table_columns[plan.table_id]):
+                value = F.col(model.AFTER)[column]
+                size = self.sink.partition_folder_bytes(column, value)
+                writes_row = F.col(model.OP).isin(model.Op.INSERT.value, model.Op.UPDATE.value, model.Op.UPSERT.value)
+                too_long = this_table & writes_row & (size > MAX_SEGMENT_BYTES)
+                message = F.concat(
+                    F.lit(f"value of partition column {column} names a folder of "),
+                    size.cast("string"),
+                    F.lit(
+                        f" bytes, over the {MAX_SEGMENT_BYTES} a file system holds: the row cannot be stored in its "
+                        "partition (correct the value at the source, or partition the lake table by another column), "
+                        "then replay this dead letter"
+                    ),
+                )
+                reason = F.when(too_long, message) if reason is None else reason.when(too_long, message)
             if constraints.get(plan.table_id):
                 name = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
                 lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))

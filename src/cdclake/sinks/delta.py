@@ -124,6 +124,9 @@ ENABLE_DELETION_VECTORS: Final = "delta.enableDeletionVectors"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+_FOLDER_ESCAPED: Final = re.compile("[\\x01-\\x1f\\x7f\"#%'*/:=?\\\\{\\[\\]^]")
+"""The characters Spark's ``ExternalCatalogUtils.escapePathName`` writes as ``%XX`` in a partition folder's name (on
+systems other than Windows); the pattern is read by Python and by Java alike."""
 
 
 MAX_SEGMENT_BYTES: Final = 255
@@ -969,13 +972,7 @@ class DeltaSink:
         column the table lacks, or whose transform does not apply to the column's type, is left out with a warning
         (``cdclake check`` names them before a run): the table is still created, and its rows land."""
         wanted = self.partition_by.value_for(plan.database, plan.schema, plan.table) or ()
-        if not wanted:
-            return ()
-        names = [name for name, _ in columns]
-        problems = [f"no column {name}" for name in missing_columns(wanted, names)]
-        types = {name.lower(): _parse_datatype_string(spark_type).simpleString() for name, spark_type in columns}
-        usable, unfit = fitting(on_columns(wanted, names), types, self.TABLE_FORMAT)
-        problems += unfit
+        usable, problems = self._creation_fields(wanted, columns)
         if problems:
             log.warning(
                 "%s: partition_by gives %s; the table is created without the fields it cannot have: %s",
@@ -985,9 +982,56 @@ class DeltaSink:
             )
         return usable
 
+    def _creation_fields(
+        self, wanted: Partitioning, columns: Sequence[tuple[str, str]]
+    ) -> tuple[Partitioning, list[str]]:
+        """The fields of ``wanted`` that a table of ``columns`` can have (spelt as it spells them), and why the others
+        cannot be (:meth:`creation_partitioning`)."""
+        if not wanted:
+            return (), []
+        names = [name for name, _ in columns]
+        problems = [f"no column {name}" for name in missing_columns(wanted, names)]
+        types = {name.lower(): _parse_datatype_string(spark_type).simpleString() for name, spark_type in columns}
+        usable, unfit = fitting(on_columns(wanted, names), types, self.TABLE_FORMAT)
+        return usable, problems + unfit
+
     def partitioning(self, database: str | None, schema: str | None, table: str) -> Partitioning:
         """The partition fields of an existing lake table (none for an unpartitioned one)."""
         return self._partitioning(self.table_path(database, schema, table))
+
+    def folder_columns(self, plan: TablePlan, columns: Sequence[tuple[str, str]]) -> list[str]:
+        """The string columns whose values name folders of the plan's lake table (with user ``columns``): its
+        identity partition fields, as the table has them, or as cdclake will create it. One value too long for a
+        folder name (:meth:`partition_folder_bytes`) fails the write of the whole batch, so the pipeline makes its
+        event a dead letter. Only tables that ``partition_by`` names are looked at (every table a run partitions,
+        unless its owner partitioned one by hand)."""
+        wanted = self.partition_by.value_for(plan.database, plan.schema, plan.table)
+        if not wanted:
+            return []
+        if self.awaits_creation(plan):
+            fields = self._creation_fields(wanted, columns)[0]
+        else:
+            fields = self._current_partitioning(self.table_path(plan.database, plan.schema, plan.table))
+        types = {name.lower(): spark_type for name, spark_type in columns}
+        return [f.column for f in fields if f.transform == "identity" and types.get(f.column.lower()) == "string"]
+
+    def _current_partitioning(self, path: str) -> Partitioning:
+        """The partition fields of the table at ``path`` as the session last saw it (Delta's cached snapshot, which
+        this sink's commits and every MERGE's own read keep current): a few JVM calls, where :meth:`_partitioning`
+        (``DESCRIBE DETAIL``) builds the table's state, 0.5-0.7 s after each commit."""
+        jvm = self.spark._jvm
+        assert jvm is not None
+        snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
+        columns = snapshot.unsafeVolatileSnapshot().metadata().partitionColumns()
+        return tuple(PartitionField(columns.apply(i)) for i in range(columns.size()))
+
+    def partition_folder_bytes(self, column: str, value: Column) -> Column:
+        """The length in bytes of the folder name ``column=value`` of a partition, as Delta (Spark's
+        ``ExternalCatalogUtils.escapePathName``) writes it: these characters become ``%XX``, the rest stay UTF-8."""
+        name = _FOLDER_ESCAPED.sub("%XX", column)
+        return F.lit(len(name.encode("utf-8")) + 1) + F.octet_length(
+            F.regexp_replace(value, _FOLDER_ESCAPED.pattern, "%XX")
+        )
 
     def _partitioning(self, path: str) -> Partitioning:
         row = DeltaTable.forPath(self.spark, path).detail().select("partitionColumns").first()

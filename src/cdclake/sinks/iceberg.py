@@ -67,6 +67,9 @@ from cdclake.tables import PerTable, TableRoutes
 
 log = logging.getLogger(__name__)
 
+_URL_ENCODER_CHANGED: Final = "[^A-Za-z0-9.*_ -]"
+"""The characters Java's ``URLEncoder`` writes as ``%XX`` (each byte of their UTF-8); a space becomes ``+``."""
+
 MARKER_PREFIX: Final = "cdclake.txn."
 """Snapshot summary property of a batch's commit: ``cdclake.txn.<app id>`` = the batch id."""
 _SNAPSHOT_PROPERTY: Final = "spark.sql.iceberg.snapshot-property."
@@ -566,6 +569,18 @@ class IcebergSink(DeltaSink):
         for problem in problems:
             log.warning("%s: a partition field is left out: %s", path, problem)
         return fit
+
+    def _current_partitioning(self, path: str) -> Partitioning:
+        # The session's catalog caches the table (Spark's Iceberg catalog, cache-enabled): no read of its metadata.
+        return self._partitioning(path)
+
+    def partition_folder_bytes(self, column: str, value: Column) -> Column:
+        """The length in bytes of the folder name ``column=value`` of a partition, as Iceberg writes it
+        (``PartitionSpec.partitionToPath``: ``URLEncoder`` in UTF-8): letters, digits, ``.-*_`` and a space (``+``)
+        take one byte, every other byte of the value's UTF-8 three (``%XX``)."""
+        name = len(column.encode("utf-8")) * 3 - len(re.sub(_URL_ENCODER_CHANGED, "", column)) * 2
+        kept = F.octet_length(F.regexp_replace(value, _URL_ENCODER_CHANGED, ""))
+        return F.lit(name + 1) + F.octet_length(value) * 3 - kept * 2
 
     def _partitioning(self, path: str) -> Partitioning:
         """The partition fields of the Iceberg table at ``path`` (its current spec). A field cdclake does not write
