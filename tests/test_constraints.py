@@ -18,6 +18,7 @@ from cdclake.constraints import columns_used, condition_on_image, violation_reas
 from cdclake.dlq import replay_dead_letters
 from cdclake.exceptions import ConstraintViolationError
 from cdclake.runner import replay
+from cdclake.sinks import TableFormat, lake_sink
 from cdclake.sinks.delta import MergeStatement, written_rows
 from cdclake.spark import local_frame
 
@@ -181,6 +182,51 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
     assert rows() == [(1, "a"), (3, "c"), (4, "d"), (5, "ok"), (6, "x")]
     dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").where("topic LIKE '%4-cdclake-columns%'")
     assert [r["reason"] for r in dead.collect()] == [_row_not_met("early", f"_cdc_position < '{'0' * 22}10'")]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_table_made_by_hand_gets_cdclakes_columns_and_its_not_null_columns_refuse_nulls_as_dead_letters(
+    spark: SparkSession, tmp_path: Path, table_format: TableFormat
+) -> None:
+    lake = str(tmp_path / "lake")
+    sink = lake_sink(spark, lake, table_format)
+    # Made by hand before the first run: rows of its own, a NOT NULL column, none of cdclake's columns (every MERGE
+    # into it failed, as did every NULL written to `v`).
+    if table_format == "delta":
+        identifier = f"delta.`{sink.table_path('shop', None, 'orders')}`"
+    else:
+        identifier = sink.identifier("shop", None, "orders")
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier.rsplit('.', 1)[0]}")
+    spark.sql(f"CREATE TABLE {identifier} (id BIGINT, v STRING NOT NULL) USING {table_format}")
+    spark.sql(f"INSERT INTO {identifier} VALUES (1, 'old'), (9, 'kept')")
+    capture = tmp_path / "changes.jsonl"
+    capture.write_text(
+        "\n".join(
+            (
+                _message("UPDATE_AFTER", 1, {"id": 1, "v": "new"}),
+                _message("INSERT", 2, {"id": 3, "v": None}),
+                _message("INSERT", 3, {"id": 4, "v": "d"}),
+            )
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    replay(spark, lake=lake, format_name="dataworks-json", paths=[str(capture)], table_format=table_format)
+
+    def rows() -> list[tuple[Any, ...]]:
+        return sorted((r["id"], r["v"]) for r in sink.read("shop", "orders").collect())
+
+    assert rows() == [(1, "new"), (4, "d"), (9, "kept")]
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()
+    assert [r["reason"] for r in dead] == [
+        "the row does not meet the NOT NULL of column v of lake table shop/orders: correct it at the source, or allow "
+        "NULL in the column (ALTER TABLE ... ALTER COLUMN v DROP NOT NULL), then replay this dead letter"
+    ]
+    # The owner allows NULL: the dead letter replays.
+    spark.sql(f"ALTER TABLE {identifier} ALTER COLUMN v DROP NOT NULL")
+    assert replay_dead_letters(spark, lake, table_format=table_format).applied == 1
+    assert rows() == [(1, "new"), (3, None), (4, "d"), (9, "kept")]
 
 
 @pytest.mark.spark

@@ -16,12 +16,14 @@ column; sqlglot does the rewriting, so names are quoted by its Spark generator.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
 
 import sqlglot
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
@@ -78,6 +80,36 @@ def condition_on_image(condition: str, table_columns: Sequence[tuple[str, str]])
     return tree.transform(on_image).sql(dialect="spark")
 
 
+NOT_NULL_PREFIX: Final = "NOT NULL "
+"""How the checks name a lake table column's NOT NULL (``NOT NULL <column>``): a column that may not hold NULL is
+checked as the condition ``<column> IS NOT NULL``. A table made by hand before the first run may have such columns
+(Delta and Iceberg then refuse a whole MERGE that writes one NULL there). A CHECK constraint's name has no blank, so
+the two never clash."""
+
+
+def not_null_checks(schema: StructType, skipped: Collection[str] = ()) -> dict[str, str]:
+    """The NOT NULL columns of a lake table's ``schema`` (but ``skipped``: cdclake's own) as checks, name ->
+    condition (:data:`NOT_NULL_PREFIX`)."""
+    return {
+        f"{NOT_NULL_PREFIX}{f.name}": f"{model.quote(f.name)} IS NOT NULL"
+        for f in schema.fields
+        if not f.nullable and f.name not in skipped
+    }
+
+
+def _described(name: str, condition: str) -> str:
+    if name.startswith(NOT_NULL_PREFIX):
+        return f"the NOT NULL of column {name.removeprefix(NOT_NULL_PREFIX)}"
+    return f"CHECK constraint {name} ({condition})"
+
+
+def _change(name: str) -> str:
+    if name.startswith(NOT_NULL_PREFIX):
+        column = name.removeprefix(NOT_NULL_PREFIX)
+        return f"allow NULL in the column (ALTER TABLE ... ALTER COLUMN {column} DROP NOT NULL)"
+    return f"change the constraint (ALTER TABLE ... DROP CONSTRAINT {name})"
+
+
 def violation_reason(
     constraints: Mapping[str, str], table_columns: Sequence[tuple[str, str]], table: str, events: DataFrame
 ) -> tuple[Column | None, list[str]]:
@@ -107,8 +139,8 @@ def violation_reason(
         checked = with_row & (~F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)) | has_all)
         not_met = checked & ~F.coalesce(met, F.lit(False))
         message = F.lit(
-            f"the row does not meet CHECK constraint {name} ({condition}) of lake table {table}: correct it at the "
-            f"source, or change the constraint (ALTER TABLE ... DROP CONSTRAINT {name}), then replay this dead letter"
+            f"the row does not meet {_described(name, condition)} of lake table {table}: correct it at the source, "
+            f"or {_change(name)}, then replay this dead letter"
         )
         reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
     return reason, unchecked
@@ -136,9 +168,9 @@ def row_not_met(name: str, condition: str, table: str) -> str:
     """The dead letters' reason for the events of a key whose row, as written (:func:`unmet_on_rows`), would not
     meet CHECK constraint ``name``."""
     return (
-        f"the row that the batch's changes of this key write (the stored row with them applied) does not meet CHECK "
-        f"constraint {name} ({condition}) of lake table {table}: correct it at the source, or change the constraint "
-        f"(ALTER TABLE ... DROP CONSTRAINT {name}), then replay these dead letters"
+        f"the row that the batch's changes of this key write (the stored row with them applied) does not meet "
+        f"{_described(name, condition)} of lake table {table}: correct it at the source, or {_change(name)}, then "
+        "replay these dead letters"
     )
 
 

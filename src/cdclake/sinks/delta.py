@@ -45,6 +45,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.config import absolute_location
+from cdclake.constraints import not_null_checks
 from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.model import quote
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
@@ -472,6 +473,22 @@ def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str
     return {k: v for k, v in wanted.items() if held.get(folded(k)) != v}
 
 
+def metadata_columns_to_add(path: str, lacking: Sequence[str]) -> list[tuple[str, str]]:
+    """The :data:`METADATA_COLUMNS` named in ``lacking`` (those a lake table at ``path`` does not have), to add.
+
+    A table that cdclake did not create (made by hand before the first run, say, with its own properties or
+    partitioning) lacks them, and every MERGE into it failed, on every restart. With them added, its stored rows have
+    no position, which every change is newer than (:func:`merge_statement`): the first change of a key applies."""
+    if lacking:
+        log.warning(
+            "%s: lake table was not created by cdclake; adding its columns %s (the rows it holds have no position: "
+            "the first change of each key replaces or deletes its row)",
+            path,
+            ", ".join(lacking),
+        )
+    return [(name, spark_type) for name, spark_type in METADATA_COLUMNS if name in lacking]
+
+
 def _partitioned(writer: DataFrameWriter, partitioning: Partitioning) -> DataFrameWriter:
     """``writer`` (Delta's path writer) partitioned by the identity fields ``partitioning``. An overwrite that
     changes the schema (``overwriteSchema``) sets the table's partitioning too: to none unless it is given."""
@@ -816,6 +833,7 @@ class DeltaSink:
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}
         missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
+        missing += metadata_columns_to_add(path, [name for name, _ in METADATA_COLUMNS if name.lower() not in existing])
         if missing:
             self._add_columns(path, missing)
             schema = DeltaTable.forPath(self.spark, path).toDF().schema
@@ -1153,11 +1171,14 @@ class DeltaSink:
     def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
         """The CHECK constraints of a lake table (name -> Spark SQL condition; ``cdclake.constraints``), read anew on
         every call: the lake's owner adds and drops them with ``ALTER TABLE ... ADD/DROP CONSTRAINT`` at any time.
-        Delta keeps them as ``delta.constraints.<name>`` table properties."""
+        Delta keeps them as ``delta.constraints.<name>`` table properties. Its NOT NULL columns too, as conditions
+        (:func:`~cdclake.constraints.not_null_checks`)."""
         path = self.table_path(database, schema, table)
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(path)}").collect()
         prefix = "delta.constraints."
-        return {row["key"][len(prefix) :]: row["value"] for row in rows if row["key"].startswith(prefix)}
+        checks = {row["key"][len(prefix) :]: row["value"] for row in rows if row["key"].startswith(prefix)}
+        table_schema = DeltaTable.forPath(self.spark, path).toDF().schema  # 15-20 ms: the snapshot is fresh
+        return {**checks, **not_null_checks(table_schema, {name for name, _ in METADATA_COLUMNS})}
 
     def rows_written(
         self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, carried: Sequence[str]

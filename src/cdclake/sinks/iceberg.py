@@ -45,6 +45,7 @@ from pyspark.sql.types import StructType
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
+from cdclake.constraints import not_null_checks
 from cdclake.exceptions import ConfigError
 from cdclake.model import quote
 from cdclake.sinks.delta import (
@@ -57,6 +58,7 @@ from cdclake.sinks.delta import (
     Txn,
     fitted_segment,
     merge_statement,
+    metadata_columns_to_add,
     ordering_of,
     source_properties,
     sql_string,
@@ -277,6 +279,10 @@ class IcebergSink(DeltaSink):
         if self._user_table_exists(path):
             if path not in self._source_properties_checked:
                 self._reconcile_properties(path, plan, self._properties(path))
+                stored_names = {f.name.lower() for f in self.spark.table(self._identifier_of(path)).schema.fields}
+                lacking = [name for name, _ in METADATA_COLUMNS if name.lower() not in stored_names]
+                if lacking:
+                    self._add_columns(path, metadata_columns_to_add(path, lacking))
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
@@ -375,8 +381,10 @@ class IcebergSink(DeltaSink):
         return {row["key"]: row["value"] for row in rows}
 
     def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
-        """Iceberg tables have no CHECK constraints."""
-        return {}
+        """Iceberg tables have no CHECK constraints; their NOT NULL (required) columns are checked as conditions
+        (:func:`~cdclake.constraints.not_null_checks`)."""
+        table_schema = self.spark.table(self.identifier(database, schema, table)).schema
+        return not_null_checks(table_schema, {name for name, _ in METADATA_COLUMNS})
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
