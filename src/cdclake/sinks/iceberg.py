@@ -45,7 +45,6 @@ from pyspark.sql.types import StructType
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
-from cdclake.constraints import not_null_checks
 from cdclake.exceptions import ConfigError
 from cdclake.model import quote
 from cdclake.sinks.delta import (
@@ -354,10 +353,7 @@ class IcebergSink(DeltaSink):
             return self._columns[path]
         if not self._user_table_exists(path):
             return None
-        meta = {name for name, _ in METADATA_COLUMNS}
-        fields = self.spark.table(self._identifier_of(path)).schema.fields
-        self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
-        return self._columns[path]
+        return self._remember_columns(path, self.spark.table(self._identifier_of(path)).schema.fields)
 
     def _add_columns(self, path: str, columns: Sequence[tuple[str, str]]) -> None:
         stored = {f.name.lower() for f in self.spark.table(self._identifier_of(path)).schema.fields}
@@ -382,9 +378,8 @@ class IcebergSink(DeltaSink):
 
     def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
         """Iceberg tables have no CHECK constraints; their NOT NULL (required) columns are checked as conditions
-        (:func:`~cdclake.constraints.not_null_checks`)."""
-        table_schema = self.spark.table(self.identifier(database, schema, table)).schema
-        return not_null_checks(table_schema, {name for name, _ in METADATA_COLUMNS})
+        (:func:`~cdclake.constraints.not_null_checks`), as the sink last read the table's schema."""
+        return dict(self._not_null.get(self.table_path(database, schema, table), {}))
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
