@@ -186,7 +186,7 @@ def test_rows_that_do_not_meet_a_check_constraint_become_dead_letters_until_the_
 
 @pytest.mark.spark
 @pytest.mark.parametrize("table_format", ["delta", "iceberg"])
-def test_a_table_made_by_hand_gets_cdclakes_columns_and_its_not_null_columns_refuse_nulls_as_dead_letters(
+def test_a_table_made_by_hand_gets_cdclakes_columns_and_what_its_columns_declare_refuses_rows_as_dead_letters(
     spark: SparkSession, tmp_path: Path, table_format: TableFormat
 ) -> None:
     lake = str(tmp_path / "lake")
@@ -198,35 +198,49 @@ def test_a_table_made_by_hand_gets_cdclakes_columns_and_its_not_null_columns_ref
     else:
         identifier = sink.identifier("shop", None, "orders")
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier.rsplit('.', 1)[0]}")
-    spark.sql(f"CREATE TABLE {identifier} (id BIGINT, v STRING NOT NULL) USING {table_format}")
-    spark.sql(f"INSERT INTO {identifier} VALUES (1, 'old'), (9, 'kept')")
+    delta = table_format == "delta"
+    varchar = ", w VARCHAR(5)" if delta else ""  # Iceberg has no varchar(n)
+    spark.sql(f"CREATE TABLE {identifier} (id BIGINT, v STRING NOT NULL{varchar}) USING {table_format}")
+    spark.sql(f"INSERT INTO {identifier} (id, v) VALUES (1, 'old'), (9, 'kept')")
+    messages = [
+        _message("UPDATE_AFTER", 1, {"id": 1, "v": "new"}),
+        _message("INSERT", 2, {"id": 3, "v": None}),
+        _message("INSERT", 3, {"id": 4, "v": "d"}),
+    ]
+    if delta:  # a varchar(5) holds 5 characters, trailing blanks included (Delta's invariant on a MERGE)
+        messages += [
+            _message("INSERT", 4, {"id": 5, "v": "e", "w": "abcde"}),
+            _message("INSERT", 5, {"id": 6, "v": "f", "w": "abcd  "}),
+        ]
     capture = tmp_path / "changes.jsonl"
-    capture.write_text(
-        "\n".join(
-            (
-                _message("UPDATE_AFTER", 1, {"id": 1, "v": "new"}),
-                _message("INSERT", 2, {"id": 3, "v": None}),
-                _message("INSERT", 3, {"id": 4, "v": "d"}),
-            )
-        )
-        + "\n",
-        encoding="utf-8",
-    )
+    capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
     replay(spark, lake=lake, format_name="dataworks-json", paths=[str(capture)], table_format=table_format)
 
     def rows() -> list[tuple[Any, ...]]:
         return sorted((r["id"], r["v"]) for r in sink.read("shop", "orders").collect())
 
-    assert rows() == [(1, "new"), (4, "d"), (9, "kept")]
-    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect()
+    landed = [(1, "new"), (4, "d"), *([(5, "e")] if delta else []), (9, "kept")]
+    assert rows() == landed
+    dead = spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").orderBy("offset").collect()
     assert [r["reason"] for r in dead] == [
         "the row does not meet the NOT NULL of column v of lake table shop/orders: correct it at the source, or allow "
-        "NULL in the column (ALTER TABLE ... ALTER COLUMN v DROP NOT NULL), then replay this dead letter"
+        "NULL in the column (ALTER TABLE ... ALTER COLUMN v DROP NOT NULL), then replay this dead letter",
+        *(
+            [
+                "the row does not meet the varchar(5) type of column w of lake table shop/orders: correct it at the "
+                "source, or widen the column (ALTER TABLE ... ALTER COLUMN w TYPE STRING), then replay this dead "
+                "letter"
+            ]
+            if delta
+            else []
+        ),
     ]
-    # The owner allows NULL: the dead letter replays.
+    # The owner allows NULL (and longer text): the dead letters replay.
     spark.sql(f"ALTER TABLE {identifier} ALTER COLUMN v DROP NOT NULL")
-    assert replay_dead_letters(spark, lake, table_format=table_format).applied == 1
-    assert rows() == [(1, "new"), (3, None), (4, "d"), (9, "kept")]
+    if delta:
+        spark.sql(f"ALTER TABLE {identifier} ALTER COLUMN w TYPE STRING")
+    assert replay_dead_letters(spark, lake, table_format=table_format).applied == len(dead)
+    assert rows() == sorted([*landed, (3, None), *([(6, "f")] if delta else [])])
 
 
 @pytest.mark.spark

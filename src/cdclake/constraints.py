@@ -82,24 +82,41 @@ def condition_on_image(condition: str, table_columns: Sequence[tuple[str, str]])
 
 NOT_NULL_PREFIX: Final = "NOT NULL "
 """How the checks name a lake table column's NOT NULL (``NOT NULL <column>``): a column that may not hold NULL is
-checked as the condition ``<column> IS NOT NULL``. A table made by hand before the first run may have such columns
-(Delta and Iceberg then refuse a whole MERGE that writes one NULL there). A CHECK constraint's name has no blank, so
-the two never clash."""
+checked as the condition ``<column> IS NOT NULL``."""
+
+LENGTH_PREFIX: Final = "TYPE "
+"""How the checks name the length limit of a ``CHAR(n)``/``VARCHAR(n)`` column (``TYPE varchar(n) <column>``):
+checked as Delta's invariant on a MERGE is, ``<column> IS NULL OR length(<column>) <= n`` (trailing blanks count). A
+CHECK constraint's name has no blank, so none of these clash with one."""
+
+_CHAR_VARCHAR: Final = "__CHAR_VARCHAR_TYPE_STRING"
+"""The metadata key under which Spark keeps a STRING column's declared ``char(n)``/``varchar(n)``."""
 
 
-def not_null_checks(schema: StructType, skipped: Collection[str] = ()) -> dict[str, str]:
-    """The NOT NULL columns of a lake table's ``schema`` (but ``skipped``: cdclake's own) as checks, name ->
-    condition (:data:`NOT_NULL_PREFIX`)."""
-    return {
-        f"{NOT_NULL_PREFIX}{f.name}": f"{model.quote(f.name)} IS NOT NULL"
-        for f in schema.fields
-        if not f.nullable and f.name not in skipped
-    }
+def declared_checks(schema: StructType, skipped: Collection[str] = ()) -> dict[str, str]:
+    """What the columns of a lake table's ``schema`` (but ``skipped``: cdclake's own) declare that a write checks,
+    as checks (name -> condition): NOT NULL (:data:`NOT_NULL_PREFIX`) and the length of ``char(n)``/``varchar(n)``
+    (:data:`LENGTH_PREFIX`). A table made by hand before the first run may have them (cdclake creates nullable
+    STRING columns), and Delta or Iceberg refuse the whole MERGE that writes one value breaking them."""
+    checks: dict[str, str] = {}
+    for field in schema.fields:
+        if field.name in skipped:
+            continue
+        column = model.quote(field.name)
+        if not field.nullable:
+            checks[f"{NOT_NULL_PREFIX}{field.name}"] = f"{column} IS NOT NULL"
+        declared = str(field.metadata.get(_CHAR_VARCHAR, ""))
+        if limit := re.fullmatch(r"(?:var)?char\((\d+)\)", declared.lower()):
+            checks[f"{LENGTH_PREFIX}{declared} {field.name}"] = f"{column} IS NULL OR length({column}) <= {limit[1]}"
+    return checks
 
 
 def _described(name: str, condition: str) -> str:
     if name.startswith(NOT_NULL_PREFIX):
         return f"the NOT NULL of column {name.removeprefix(NOT_NULL_PREFIX)}"
+    if name.startswith(LENGTH_PREFIX):
+        declared, column = name.removeprefix(LENGTH_PREFIX).split(" ", 1)
+        return f"the {declared} type of column {column}"
     return f"CHECK constraint {name} ({condition})"
 
 
@@ -107,6 +124,9 @@ def _change(name: str) -> str:
     if name.startswith(NOT_NULL_PREFIX):
         column = name.removeprefix(NOT_NULL_PREFIX)
         return f"allow NULL in the column (ALTER TABLE ... ALTER COLUMN {column} DROP NOT NULL)"
+    if name.startswith(LENGTH_PREFIX):
+        column = name.removeprefix(LENGTH_PREFIX).split(" ", 1)[1]
+        return f"widen the column (ALTER TABLE ... ALTER COLUMN {column} TYPE STRING)"
     return f"change the constraint (ALTER TABLE ... DROP CONSTRAINT {name})"
 
 

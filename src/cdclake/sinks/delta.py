@@ -45,7 +45,7 @@ from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 from cdclake import apply, model
 from cdclake.apply import TablePlan
 from cdclake.config import absolute_location
-from cdclake.constraints import not_null_checks
+from cdclake.constraints import declared_checks
 from cdclake.exceptions import ConfigError, ConstraintViolationError
 from cdclake.model import quote
 from cdclake.sinks._tombstone_bounds import TombstoneBounds, commit_file
@@ -610,8 +610,8 @@ class DeltaSink:
         self.partition_by = partition_by or PerTable()
         # User columns of the tables this sink has seen, so a batch without new columns does not re-read the log.
         self._columns: dict[str, list[tuple[str, str]]] = {}
-        # path -> its NOT NULL user columns as checks (cdclake.constraints.not_null_checks), read with _columns.
-        self._not_null: dict[str, dict[str, str]] = {}
+        # path -> what its user columns declare, as checks (cdclake.constraints.declared_checks), read with _columns.
+        self._declared_checks: dict[str, dict[str, str]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
         # paths to switch before their next MERGE, and those known to use them. Written from the MERGE threads, one
         # path per thread.
@@ -1072,11 +1072,12 @@ class DeltaSink:
         return self._remember_columns(path, DeltaTable.forPath(self.spark, path).toDF().schema.fields)
 
     def _remember_columns(self, path: str, fields: Sequence[StructField]) -> list[tuple[str, str]]:
-        """Keeps the user columns of the table at ``path`` (its schema's ``fields``), and its NOT NULL ones for
-        :meth:`check_constraints`, until the sink changes the table; returns the user columns."""
+        """Keeps the user columns of the table at ``path`` (its schema's ``fields``), and what they declare (NOT
+        NULL, ``varchar(n)``) for :meth:`check_constraints`, until the sink changes the table; returns the user
+        columns."""
         meta = {name for name, _ in METADATA_COLUMNS}
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
-        self._not_null[path] = not_null_checks(StructType(list(fields)), meta)
+        self._declared_checks[path] = declared_checks(StructType(list(fields)), meta)
         return self._columns[path]
 
     def column_has_values(self, database: str | None, schema: str | None, table: str, column: str) -> bool:
@@ -1176,15 +1177,15 @@ class DeltaSink:
     def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
         """The CHECK constraints of a lake table (name -> Spark SQL condition; ``cdclake.constraints``), read anew on
         every call: the lake's owner adds and drops them with ``ALTER TABLE ... ADD/DROP CONSTRAINT`` at any time.
-        Delta keeps them as ``delta.constraints.<name>`` table properties. Its NOT NULL columns too, as conditions
-        (:func:`~cdclake.constraints.not_null_checks`), as the sink last read its schema (the columns it keeps:
-        Delta cannot make a column NOT NULL later; one whose NOT NULL its owner drops still refuses NULLs in this
-        process until it reads the schema again, and the dead letters replay)."""
+        Delta keeps them as ``delta.constraints.<name>`` table properties. What its columns declare too (NOT NULL,
+        ``varchar(n)``: :func:`~cdclake.constraints.declared_checks`), as the sink last read its schema with its
+        columns (Delta cannot make a column NOT NULL or shorter later; a column its owner relaxes still refuses such
+        values in this process until the sink reads the schema again, and the dead letters replay)."""
         path = self.table_path(database, schema, table)
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(path)}").collect()
         prefix = "delta.constraints."
         checks = {row["key"][len(prefix) :]: row["value"] for row in rows if row["key"].startswith(prefix)}
-        return {**checks, **self._not_null.get(path, {})}
+        return {**checks, **self._declared_checks.get(path, {})}
 
     def rows_written(
         self, plan: TablePlan, table_columns: Sequence[tuple[str, str]], changes: DataFrame, carried: Sequence[str]

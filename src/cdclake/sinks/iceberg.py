@@ -378,8 +378,8 @@ class IcebergSink(DeltaSink):
 
     def check_constraints(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
         """Iceberg tables have no CHECK constraints; their NOT NULL (required) columns are checked as conditions
-        (:func:`~cdclake.constraints.not_null_checks`), as the sink last read the table's schema."""
-        return dict(self._not_null.get(self.table_path(database, schema, table), {}))
+        (:func:`~cdclake.constraints.declared_checks`), as the sink last read the table's schema."""
+        return dict(self._declared_checks.get(self.table_path(database, schema, table), {}))
 
     def key_columns(self, database: str | None, schema: str | None, table: str) -> list[str]:
         path = self.table_path(database, schema, table)
