@@ -574,7 +574,8 @@ class IcebergSink(DeltaSink):
         return fit
 
     def _current_partitioning(self, path: str) -> Partitioning:
-        # The session's catalog caches the table (Spark's Iceberg catalog, cache-enabled): no read of its metadata.
+        # The table as the session's catalog holds it (Iceberg's catalog keeps loaded tables): no file list is built,
+        # as Delta's DESCRIBE DETAIL builds one.
         return self._partitioning(path)
 
     def partition_folder_bytes(self, column: str, value: Column) -> Column:
