@@ -162,7 +162,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
             ),
             row_message("DELETE", "orders", [{"id": "2", "region": "us", "v": "b"}], TYPES),
             row_message("INSERT", "orders", [{"id": "3", "region": "apac", "v": "c"}], TYPES),
-            # Partition folder names of up to 255 bytes: `v=` and 120 two-byte characters (247) lands; 90 slashes,
+            # Partition folder names of up to 255 bytes: `v=` and 120 two-byte characters (242) lands; 90 slashes,
             # each written %2F (272), would fail the batch's write: a dead letter, and the other rows land.
             row_message(
                 "INSERT",
