@@ -111,23 +111,22 @@ def declared_checks(schema: StructType, skipped: Collection[str] = ()) -> dict[s
     return checks
 
 
-def _described(name: str, condition: str) -> str:
-    if name.startswith(NOT_NULL_PREFIX):
-        return f"the NOT NULL of column {name.removeprefix(NOT_NULL_PREFIX)}"
-    if name.startswith(LENGTH_PREFIX):
-        declared, column = name.removeprefix(LENGTH_PREFIX).split(" ", 1)
-        return f"the {declared} type of column {column}"
-    return f"CHECK constraint {name} ({condition})"
-
-
-def _change(name: str) -> str:
+def _named(name: str, condition: str) -> tuple[str, str]:
+    """What a check ``name`` (a CHECK constraint's, or one of :func:`declared_checks`) is, for a dead letter's reason,
+    and how its owner changes it."""
     if name.startswith(NOT_NULL_PREFIX):
         column = name.removeprefix(NOT_NULL_PREFIX)
-        return f"allow NULL in the column (ALTER TABLE ... ALTER COLUMN {column} DROP NOT NULL)"
+        return (
+            f"the NOT NULL of column {column}",
+            f"allow NULL in the column (ALTER TABLE ... ALTER COLUMN {column} DROP NOT NULL)",
+        )
     if name.startswith(LENGTH_PREFIX):
-        column = name.removeprefix(LENGTH_PREFIX).split(" ", 1)[1]
-        return f"widen the column (ALTER TABLE ... ALTER COLUMN {column} TYPE STRING)"
-    return f"change the constraint (ALTER TABLE ... DROP CONSTRAINT {name})"
+        declared, column = name.removeprefix(LENGTH_PREFIX).split(" ", 1)
+        return (
+            f"the {declared} type of column {column}",
+            f"widen the column (ALTER TABLE ... ALTER COLUMN {column} TYPE STRING)",
+        )
+    return f"CHECK constraint {name} ({condition})", f"change the constraint (ALTER TABLE ... DROP CONSTRAINT {name})"
 
 
 def violation_reason(
@@ -158,9 +157,10 @@ def violation_reason(
             has_all = has_all & F.map_contains_key(after, F.lit(column))
         checked = with_row & (~F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)) | has_all)
         not_met = checked & ~F.coalesce(met, F.lit(False))
+        what, change = _named(name, condition)
         message = F.lit(
-            f"the row does not meet {_described(name, condition)} of lake table {table}: correct it at the source, "
-            f"or {_change(name)}, then replay this dead letter"
+            f"the row does not meet {what} of lake table {table}: correct it at the source, or {change}, then replay "
+            "this dead letter"
         )
         reason = F.when(not_met, message) if reason is None else reason.when(not_met, message)
     return reason, unchecked
@@ -187,10 +187,10 @@ def unmet_on_rows(constraints: Mapping[str, str], rows: DataFrame) -> tuple[Colu
 def row_not_met(name: str, condition: str, table: str) -> str:
     """The dead letters' reason for the events of a key whose row, as written (:func:`unmet_on_rows`), would not
     meet CHECK constraint ``name``."""
+    what, change = _named(name, condition)
     return (
-        f"the row that the batch's changes of this key write (the stored row with them applied) does not meet "
-        f"{_described(name, condition)} of lake table {table}: correct it at the source, or {_change(name)}, then "
-        "replay these dead letters"
+        f"the row that the batch's changes of this key write (the stored row with them applied) does not meet {what} "
+        f"of lake table {table}: correct it at the source, or {change}, then replay these dead letters"
     )
 
 

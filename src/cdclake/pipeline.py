@@ -1360,11 +1360,10 @@ class Pipeline:
                     )
                     lost = this_table & text.isNotNull() & ~fits
                     reason = F.when(lost, message) if reason is None else reason.when(lost, message)
+            writes_row = this_table & F.col(model.OP).isin(Op.INSERT.value, Op.UPDATE.value, Op.UPSERT.value)
             for column in self.sink.folder_columns(plan, table_columns[plan.table_id]):
-                value = F.col(model.AFTER)[column]
-                size = self.sink.partition_folder_bytes(column, value)
-                writes_row = F.col(model.OP).isin(model.Op.INSERT.value, model.Op.UPDATE.value, model.Op.UPSERT.value)
-                too_long = this_table & writes_row & (size > MAX_SEGMENT_BYTES)
+                size = self.sink.partition_folder_bytes(column, F.col(model.AFTER)[column])
+                too_long = writes_row & (size > MAX_SEGMENT_BYTES)
                 message = F.concat(
                     F.lit(f"value of partition column {column} names a folder of "),
                     size.cast("string"),

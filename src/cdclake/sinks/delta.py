@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -473,20 +473,21 @@ def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str
     return {k: v for k, v in wanted.items() if held.get(folded(k)) != v}
 
 
-def metadata_columns_to_add(path: str, lacking: Sequence[str]) -> list[tuple[str, str]]:
-    """The :data:`METADATA_COLUMNS` named in ``lacking`` (those a lake table at ``path`` does not have), to add.
+def metadata_columns_to_add(path: str, existing: Collection[str]) -> list[tuple[str, str]]:
+    """The :data:`METADATA_COLUMNS` that the lake table at ``path``, with columns ``existing`` (lower case), lacks.
 
     A table that cdclake did not create (made by hand before the first run, say, with its own properties or
     partitioning) lacks them, and every MERGE into it failed, on every restart. With them added, its stored rows have
     no position, which every change is newer than (:func:`merge_statement`): the first change of a key applies."""
+    lacking = [(name, spark_type) for name, spark_type in METADATA_COLUMNS if name.lower() not in existing]
     if lacking:
         log.warning(
             "%s: lake table was not created by cdclake; adding its columns %s (the rows it holds have no position: "
             "the first change of each key replaces or deletes its row)",
             path,
-            ", ".join(lacking),
+            ", ".join(name for name, _ in lacking),
         )
-    return [(name, spark_type) for name, spark_type in METADATA_COLUMNS if name in lacking]
+    return lacking
 
 
 def _partitioned(writer: DataFrameWriter, partitioning: Partitioning) -> DataFrameWriter:
@@ -835,7 +836,7 @@ class DeltaSink:
         schema = DeltaTable.forPath(self.spark, path).toDF().schema
         existing = {f.name.lower() for f in schema.fields}
         missing = [(name, t) for name, t in plan.columns if name.lower() not in existing]
-        missing += metadata_columns_to_add(path, [name for name, _ in METADATA_COLUMNS if name.lower() not in existing])
+        missing += metadata_columns_to_add(path, existing)
         if missing:
             self._add_columns(path, missing)
             schema = DeltaTable.forPath(self.spark, path).toDF().schema

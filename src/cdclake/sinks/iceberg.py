@@ -279,9 +279,8 @@ class IcebergSink(DeltaSink):
             if path not in self._source_properties_checked:
                 self._reconcile_properties(path, plan, self._properties(path))
                 stored_names = {f.name.lower() for f in self.spark.table(self._identifier_of(path)).schema.fields}
-                lacking = [name for name, _ in METADATA_COLUMNS if name.lower() not in stored_names]
-                if lacking:
-                    self._add_columns(path, metadata_columns_to_add(path, lacking))
+                if lacking := metadata_columns_to_add(path, stored_names):
+                    self._add_columns(path, lacking)
         else:
             if defer_creation:
                 return self._leave_to_first_write(path, plan)
