@@ -384,8 +384,6 @@ def invalid_name(name: str, *, column: bool) -> str | None:
     """Why an identifier from DDL text cannot name a lake table or column (the decoders' rules), or ``None``."""
     if not name or len(name) > 255 or re.search(r"[\x00-\x1f\x7f]", name):
         return f"invalid identifier {name!r}"
-    if column and re.search(r"[ ,;{}()=]", name):
-        return f"column name {name!r} has characters Delta tables cannot store"
     if column and name.lower().startswith("_cdc_") and name != "_cdc_row_id":
         return f"column name {name!r} uses cdclake's reserved prefix _cdc_"
     return None

@@ -55,10 +55,12 @@ def read_table(path: str) -> list[dict[str, Any]]:
 
     # delta-rs resolves the log to the live data files; pyarrow reads them. (Letting delta-rs or pyarrow.dataset
     # scan aborts the interpreter at exit now and then, a thread-teardown race; this path does not.) A live file
-    # of a table with deletion vectors still holds the rows its vector marks deleted: such tables are read through
-    # delta-rs' DataFusion engine, which applies them (its pyarrow dataset refuses them).
+    # of a table with deletion vectors still holds the rows its vector marks deleted, and a column-mapped table's
+    # files name its columns by generated names: such tables are read through delta-rs' DataFusion engine, which
+    # applies both (its pyarrow dataset refuses deletion vectors).
     table = DeltaTable(path)
-    if "deletionVectors" in (table.protocol().reader_features or []):
+    mapped = table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none"
+    if mapped or "deletionVectors" in (table.protocol().reader_features or []):
         import pyarrow as pa
         from deltalake import QueryBuilder
 

@@ -401,15 +401,14 @@ def _bad_identifier(name: Column) -> Column:
 
 def _bad_column_name(name: Column) -> Column:
     reserved = F.lower(name).startswith(model.METADATA_PREFIX) & (name != F.lit(model.ROW_ID_COLUMN))
-    # Delta (without column mapping) rejects these characters in column names. One regular expression for the
-    # control characters of _bad_identifier and Delta's (\n and \t are control characters): it runs per column name
-    # of every row event.
+    # Spaces and `,;{}()=` are fine: a Delta table whose columns have them is created with column mapping
+    # (cdclake.sinks.delta.needs_column_mapping). Control characters are not, as in table names.
     return (
         name.isNull()
         | (F.length(name) == 0)
         | (F.length(name) > MAX_IDENTIFIER_LENGTH)
         | reserved
-        | name.rlike(r"[\x00-\x1f\x7f ,;{}()=]")
+        | name.rlike(r"[\x00-\x1f\x7f]")
     )
 
 
@@ -418,7 +417,7 @@ _NAME_SEPARATOR: Final = "\n"
 
 _MAYBE_BAD_NAMES: Final = (
     r"(?:^|\n)(?:\n|$)"  # an empty name
-    r"|[\x00-\x09\x0b-\x1f\x7f ,;{}()=]"  # a bad character other than the separator
+    r"|[\x00-\x09\x0b-\x1f\x7f]"  # a bad character other than the separator
     rf"|[^\n]{{{MAX_IDENTIFIER_LENGTH + 1},}}"  # too long (UTF-16 units >= characters: never misses one)
     rf"|(?:^|\n)(?!{model.ROW_ID_COLUMN}(?:\n|$))(?i:{model.METADATA_PREFIX})"  # the reserved prefix
 )
@@ -556,9 +555,9 @@ def _checks() -> Column:
         (
             is_row_op & (F.size(bad_names) > 0),
             F.format_string(
-                "invalid column name '%s' (empty, too long, control characters, Delta-reserved characters, "
-                "or the reserved prefix %s)",
-                bad_names[0],
+                "invalid column name %s (empty, too long, control characters, or the reserved prefix %s)",
+                # As a JSON string: a control character shows as its escape (\t, \u0001), not as itself.
+                F.regexp_extract(F.to_json(F.array(bad_names[0])), r"^\[(.*)\]$", 1),
                 F.lit(model.METADATA_PREFIX),
             ),
         ),

@@ -36,7 +36,8 @@ _MANAGED_PROPERTIES: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("delta.appendonly", "an append-only table refuses the MERGEs, deletes and truncates that cdclake applies"),
         (
             "delta.columnmapping.",
-            "cdclake renames, drops and retypes columns by rewriting the table, which is not built for column mapping",
+            "cdclake switches column mapping on by itself for the tables whose column names need it (spaces, "
+            "`,;{}()=`), and renames, drops and retypes columns by rewriting the table, which every reader reads",
         ),
         (
             "delta.constraints.",

@@ -40,7 +40,7 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -128,6 +128,42 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _FOLDER_ESCAPED: Final = re.compile("[\\x01-\\x1f\\x7f\"#%'*/:=?\\\\{\\[\\]^]")
 """The characters Spark's ``ExternalCatalogUtils.escapePathName`` writes as ``%XX`` in a partition folder's name (on
 systems other than Windows); the pattern is read by Python and by Java alike."""
+
+
+COLUMN_MAPPING_MODE: Final = "delta.columnMapping.mode"
+_UNMAPPED_REFUSED: Final = re.compile(r"[ ,;{}()\n\t=]")
+"""The characters a Delta table without column mapping refuses in a column name
+(DELTA_INVALID_CHARACTERS_IN_COLUMN_NAMES: Parquet's old field-name rules). Sources have them: SQL Server's
+``Order Date``, a MongoDB document's ``first name``, ``price(usd)``."""
+
+
+def needs_column_mapping(schema: DataType | Iterable[str]) -> bool:
+    """Whether a Delta table with these columns (a schema, nested fields included, or column names) needs column
+    mapping: one of the names has a character :data:`_UNMAPPED_REFUSED` lists. cdclake creates such a table with
+    ``delta.columnMapping.mode`` ``name`` (the table keeps the source's names; Parquet files get generated ones), and
+    switches it on for an existing table when a column with such a name is added. Every other table is left without
+    it: readers older than Delta 1.2 (reader version 2) cannot read a column-mapped table."""
+    return any(_UNMAPPED_REFUSED.search(name) for name in _names_in(schema))
+
+
+def _names_in(schema: DataType | Iterable[str]) -> Iterator[str]:
+    if isinstance(schema, StructType):
+        for field in schema.fields:
+            yield field.name
+            yield from _names_in(field.dataType)
+    elif isinstance(schema, ArrayType):
+        yield from _names_in(schema.elementType)
+    elif isinstance(schema, MapType):
+        yield from _names_in(schema.keyType)
+        yield from _names_in(schema.valueType)
+    elif not isinstance(schema, DataType):
+        yield from schema
+
+
+def column_mapped(properties: Mapping[str, str], schema: DataType | Iterable[str]) -> dict[str, str]:
+    """``properties`` of a Delta table to be created with ``schema``, with column mapping when its names need it
+    (:func:`needs_column_mapping`)."""
+    return {**properties, COLUMN_MAPPING_MODE: "name"} if needs_column_mapping(schema) else dict(properties)
 
 
 MAX_SEGMENT_BYTES: Final = 255
@@ -826,7 +862,8 @@ class DeltaSink:
             ]
             builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(StructType(fields))
             partitioning = self.creation_partitioning(plan, plan.columns)
-            for name, value in self._creation_properties(plan, partitioning).items():
+            properties = column_mapped(self._creation_properties(plan, partitioning), StructType(fields))
+            for name, value in properties.items():
                 builder = builder.property(name, value)
             if partitioning:
                 builder = builder.partitionedBy(*(field.column for field in partitioning))
@@ -1028,23 +1065,38 @@ class DeltaSink:
         if not wanted:
             return []
         if self.awaits_creation(plan):
+            if not self._names_folders_at_creation(columns):
+                return []
             fields = self._creation_fields(wanted, columns)[0]
         else:
-            fields = self._current_partitioning(self.table_path(plan.database, plan.schema, plan.table))
+            fields = self._folder_partitioning(self.table_path(plan.database, plan.schema, plan.table))
         types = {name.lower(): spark_type for name, spark_type in columns}
         return [f.column for f in fields if f.transform == "identity" and types.get(f.column.lower()) == "string"]
 
-    def _current_partitioning(self, path: str) -> Partitioning:
-        """The partition fields of the table at ``path`` as the session last saw it (Delta's cached snapshot, which
-        this sink's commits and every MERGE's own read keep current): a few JVM calls, where :meth:`_partitioning`
-        (``DESCRIBE DETAIL``) builds the table's state, 0.5-0.7 s after each commit."""
+    def _names_folders_at_creation(self, columns: Sequence[tuple[str, str]]) -> bool:
+        """Whether a table created with user ``columns`` names its folders after partition values: not when it is
+        created column-mapped (:meth:`_folder_partitioning`)."""
+        return not needs_column_mapping(name for name, _ in columns)
+
+    def _folder_partitioning(self, path: str) -> Partitioning:
+        """The partition fields of the table at ``path`` whose values name its folders, as the session last saw it
+        (Delta's cached snapshot, which this sink's commits and every MERGE's own read keep current): a few JVM
+        calls, where :meth:`_partitioning` (``DESCRIBE DETAIL``) builds the table's state, 0.5-0.7 s after each
+        commit. None for a column-mapped table: Delta writes its files under random two-character folders, whatever
+        the partition values (``delta.columnMapping.mode``; a partition value of 300 bytes lands there)."""
         jvm = self.spark._jvm
         assert jvm is not None
         try:
             delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
-            columns = delta_log.unsafeVolatileSnapshot().metadata().partitionColumns()
+            metadata = delta_log.unsafeVolatileSnapshot().metadata()
+            mode = metadata.configuration().get(COLUMN_MAPPING_MODE)
+            if mode.isDefined() and mode.get() != "none":
+                return ()
+            columns = metadata.partitionColumns()
             return tuple(PartitionField(columns.apply(i)) for i in range(columns.size()))
         except Py4JError:  # Delta's internal API, which another Delta release may change: the public one then
+            if self._properties(path).get(COLUMN_MAPPING_MODE, "none") != "none":
+                return ()
             return self._partitioning(path)
 
     def partition_folder_bytes(self, column: str, value: Column) -> Column:
@@ -1119,6 +1171,7 @@ class DeltaSink:
             writer.save(path)
 
         new_schema = self.spark.read.format("delta").load(path).select(*selected).schema
+        self.allow_column_names(path, new_schema)
         self._unlist_statistics_of_changed(database, schema, table, new_schema, current)
         self._committing(path, "rewrite", save)
         self._columns.pop(path, None)
@@ -1218,6 +1271,7 @@ class DeltaSink:
         target_path = self.table_path(*target)
         # The target keeps its partitioning (created for the new name: ensure_table).
         kept = on_columns(self._partitioning(target_path), rows.columns)
+        self.allow_column_names(target_path, rows.schema)
         writer = _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
@@ -1268,6 +1322,7 @@ class DeltaSink:
         # Identifiers are validated (decoder or cdclake.ddl) and quoted here; the statement is built, never taken
         # from a message.
         listed = ", ".join(f"{quote(name)} {t}" for name, t in columns)
+        self.allow_column_names(path, [name for name, _ in columns])
         try:
             self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
         except AnalysisException as exc:  # a concurrent run added them first
@@ -1413,6 +1468,7 @@ class DeltaSink:
         app_id = self.spark.conf.get(TXN_APP_ID, None)
         # The marker of the enclosing idempotent() block, as options of the write (as append() does).
         marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
+        properties = column_mapped(properties, rows.schema)
         writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
         for name, value in properties.items():
             writer = writer.tableProperty(name, value)
@@ -1563,7 +1619,7 @@ class DeltaSink:
         """Creates the table at ``path`` unless it exists; ``statistics``: the quoted columns to keep min/max
         statistics for (the MERGE conditions and lookups)."""
         builder = DeltaTable.createIfNotExists(self.spark).location(path).addColumns(schema)
-        for name, value in self.history_table_properties(properties, statistics).items():
+        for name, value in column_mapped(self.history_table_properties(properties, statistics), schema).items():
             builder = builder.property(name, value)
         builder.execute()
 
@@ -1577,9 +1633,19 @@ class DeltaSink:
             ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
         }
 
+    def allow_column_names(self, path: str, schema: DataType | Iterable[str]) -> None:
+        """Switches column mapping on for the existing table at ``path`` before a write gives it the columns of
+        ``schema`` (a schema or column names), when their names need it (:func:`needs_column_mapping`) and the table
+        has none yet. One commit, kept by later overwrites; Delta upgrades the table's protocol with it."""
+        if not needs_column_mapping(schema) or self._properties(path).get(COLUMN_MAPPING_MODE, "none") != "none":
+            return
+        log.info("%s: column mapping switched on, for column names Delta stores only with it", path)
+        self._set_properties(path, {COLUMN_MAPPING_MODE: "name"})
+
     def add_history_columns(self, path: str, listed: str) -> None:
         """``ALTER TABLE ... ADD COLUMNS (<listed>)`` on the table at ``path``; ``listed`` is built by the caller from
-        quoted names and cdclake's types, never taken from a message."""
+        quoted names and cdclake's types, never taken from a message (the caller has called
+        :meth:`allow_column_names` for them)."""
         try:
             self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
         except AnalysisException as exc:  # a concurrent run added them first
@@ -1590,6 +1656,7 @@ class DeltaSink:
         """Replaces the table at ``path`` with ``rows`` and their schema, keeping its properties and partitioning: one
         commit."""
         kept = on_columns(self._partitioning(path), rows.columns)
+        self.allow_column_names(path, rows.schema)
         _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true").save(path)
 
     # ---------------------------------------------------------------------------------------------------------

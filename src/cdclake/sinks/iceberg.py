@@ -30,7 +30,7 @@ import logging
 import re
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -41,7 +41,7 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructType
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -572,9 +572,12 @@ class IcebergSink(DeltaSink):
             log.warning("%s: a partition field is left out: %s", path, problem)
         return fit
 
-    def _current_partitioning(self, path: str) -> Partitioning:
+    def _names_folders_at_creation(self, columns: Sequence[tuple[str, str]]) -> bool:
+        return True
+
+    def _folder_partitioning(self, path: str) -> Partitioning:
         # The table as the session's catalog holds it (Iceberg's catalog keeps loaded tables): no file list is built,
-        # as Delta's DESCRIBE DETAIL builds one.
+        # as Delta's DESCRIBE DETAIL builds one. Iceberg names a partition's folder after its values in every table.
         return self._partitioning(path)
 
     def partition_folder_bytes(self, column: str, value: Column) -> Column:
@@ -693,6 +696,9 @@ class IcebergSink(DeltaSink):
         being told)."""
         del statistics
         return {**TABLE_PROPERTIES, **properties}
+
+    def allow_column_names(self, path: str, schema: DataType | Iterable[str]) -> None:
+        """Nothing to do: Iceberg tables keep any column name (they name columns by field id)."""
 
     def add_history_columns(self, path: str, listed: str) -> None:
         self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")

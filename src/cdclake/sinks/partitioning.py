@@ -63,8 +63,14 @@ class PartitionField:
         return f"{self.transform}({quote(self.column)})"
 
     def writer_column(self) -> Column:
-        """The field as a column of ``DataFrameWriterV2.partitionedBy``."""
-        column = F.col(quote(self.column))
+        """The field as a column of ``DataFrameWriterV2.partitionedBy``.
+
+        Spark turns the column back into text and parses that as an identifier, quoting it only when it holds a dot
+        (``UnresolvedAttribute.name``): ``Order Date`` or ``price(usd)`` fails to parse (PARSE_SYNTAX_ERROR). Such a
+        name is handed over quoted twice, so that the text Spark parses is the name quoted once."""
+        name = self.column
+        needs_quotes = "." not in name and re.search(r"[^A-Za-z0-9_]", name) is not None
+        column = F.col(quote(quote(name)) if needs_quotes else quote(name))
         if self.transform == "identity":
             return column
         if self.transform == "bucket":
