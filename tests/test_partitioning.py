@@ -114,8 +114,51 @@ def _rows(path: str) -> list[tuple]:  # type: ignore[type-arg]
     return sorted(tuple(row[c] for c in columns) for row in rows)
 
 
+def _dry_run_counts_what_the_lake_tables_cannot_hold(tmp_path: Path, lake: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`replay --dry-run` over the lake of the test below (in this process: `replay` takes the active test session):
+    the events a run would make dead letters because their lake table cannot hold a value, existing or new."""
+    from typer.testing import CliRunner
+
+    from cdclake.cli import main as cli_main
+
+    messages = [
+        row_message("INSERT", "tags", [{"id": "3", "region": "eu", "v": "/" * 90}], TYPES),
+        # Declared as text, where the lake table's id is a bigint: `x1` does not fit it, `7` does.
+        row_message(
+            "INSERT",
+            "orders",
+            [{"id": "x1", "region": "eu", "v": "a"}, {"id": "7", "region": "eu", "v": "b"}],
+            {**TYPES, "id": "varchar(8)"},
+        ),
+        # A table that a run would create partitioned by region.
+        row_message("INSERT", "items_new", [{"id": "1", "region": "é" * 130, "v": "a"}], TYPES),
+    ]
+    capture = _capture(tmp_path, "dry.jsonl", messages)
+    monkeypatch.delenv("COLUMNS", raising=False)  # one line per finding (cli.main._console)
+    monkeypatch.setattr(cli_main, "out", cli_main._console())
+    partitioned = [
+        "--partition-by",
+        "crm.tags=v",
+        "--partition-by",
+        "crm.items*=region",
+        "--partition-by",
+        "crm.orders=REGION",
+    ]
+    args = ["replay", "--dry-run", "--format", "canal-json", "--lake", lake, *partitioned, capture]
+    dry = CliRunner().invoke(cli_main.app, args)
+    assert dry.exit_code == 1, dry.output  # some would be dead letters
+    found = [line for line in dry.stdout.splitlines() if "would be dead letters" in line]
+    assert found == [
+        "1 events of crm.items_new would be dead letters: value of partition column region names a folder of over "
+        "255 bytes",
+        "1 events of crm.orders would be dead letters: value of column id (declared string) does not fit the lake "
+        "table's type bigint",
+        "1 events of crm.tags would be dead letters: value of partition column v names a folder of over 255 bytes",
+    ]
+
+
 @pytest.mark.spark
-def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark, tmp_path: Path) -> None:
+def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     lake = str(tmp_path / "lake")
     partition_by = {
         "crm.orders": ["REGION"],
@@ -179,6 +222,7 @@ def test_delta_tables_are_created_partitioned_and_keep_it_through_rewrites(spark
         "stored in its partition (correct the value at the source, or partition the lake table by another column), "
         "then replay this dead letter"
     ]
+    _dry_run_counts_what_the_lake_tables_cannot_hold(tmp_path, lake, monkeypatch)
     orders = f"{lake}/crm/orders"
     assert _delta_partitioning(spark, orders) == ["region"]  # spelt as the table spells it
     assert _delta_partitioning(spark, f"{lake}/crm/items") == ["region"]

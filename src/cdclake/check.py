@@ -16,7 +16,7 @@ not stored). Nothing is written: not the lake, not the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Final
@@ -59,6 +59,9 @@ class TableFinding:
         new_columns: columns the messages carry that the existing lake table lacks (they would be added).
         unmet_constraints: CHECK constraints of the existing lake table (``name (condition)``) -> sampled events
             whose row would not meet it (they would be dead letters; :mod:`cdclake.constraints`).
+        misfits: what the lake table cannot hold (``Pipeline.value_misfits``: a value that does not fit its column's
+            type, a partition value that would name a folder too long for a file system) -> sampled events with it
+            (they would be dead letters); events already counted as ``null_keys`` or ``unordered_changes`` are not.
         setting_problem: why the table's row events would be dead letters because of a per-table setting (``keys``
             naming columns it does not have, a ``sequence_by`` column it does not have, a ``sequence_by`` that
             orders it otherwise than its existing lake table was written), or None.
@@ -92,6 +95,7 @@ class TableFinding:
     key_source: str
     new_columns: list[str]
     unmet_constraints: dict[str, int] = field(default_factory=dict)
+    misfits: dict[str, int] = field(default_factory=dict)
     setting_problem: str | None = None
     setting_warning: str | None = None
     properties_to_set: dict[str, str] = field(default_factory=dict)
@@ -141,6 +145,11 @@ class CheckReport:
         return sum(sum(table.unmet_constraints.values()) for table in self.tables)
 
     @property
+    def misfits(self) -> int:
+        """Sampled events with a value their lake table cannot hold (``TableFinding.misfits``)."""
+        return sum(sum(table.misfits.values()) for table in self.tables)
+
+    @property
     def refused_by_settings(self) -> int:
         """Sampled row events that a per-table setting would make dead letters (``TableFinding.setting_problem``)."""
         return sum(table.refused_by_setting for table in self.tables)
@@ -159,9 +168,9 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         """No sampled message would be a dead letter: each decodes, its table's settings fit it, its key has values,
-        its ``sequence_by`` column is in it, and each row meets its lake table's CHECK constraints (an empty sample
-        is no failure)."""
-        refused = self.refused_by_settings + self.null_keys + self.unordered_changes
+        its ``sequence_by`` column is in it, its lake table can hold its values, and each row meets the table's CHECK
+        constraints (an empty sample is no failure)."""
+        refused = self.refused_by_settings + self.null_keys + self.unordered_changes + self.misfits
         return self.failed == 0 and self.unmet == 0 and refused == 0
 
 
@@ -286,6 +295,15 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
     named = staged.select(*table, F.explode(F.map_keys(image)).alias("_column")).distinct()
     for row in named.orderBy("_column").collect():
         image_columns.setdefault(tuple(row[name] for name in table), []).append(row["_column"])
+    # The events a run would not refuse for a NULL key or a missing sequence_by value first (Pipeline._misfit_reason).
+    checked_for_misfits = staged.where(~F.coalesce(null_key, F.lit(False)) & ~F.coalesce(unordered_event, F.lit(False)))
+    plans: dict[str, apply.TablePlan] = {}
+
+    def plan_of(ident: tuple[str | None, str | None, str]) -> apply.TablePlan | None:
+        if not plans:  # one planning of all tables, for the first table that needs one
+            plans.update((p.table_id, p) for p in apply.plan_tables(good, settings.keys, settings.sequence_by))
+        return plans.get(apply.table_id_of(*ident))
+
     configured = PerTable.of(settings.keys)
     online = settings.online_schema_change
     kafka_order = pipeline.kafka_order
@@ -347,6 +365,13 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
                 new_columns=new_columns,
                 unmet_constraints=(
                     {} if stored is None or lake_table is None else _unmet(pipeline, events, ident, stored, lake_table)
+                ),
+                misfits=(
+                    _misfits(pipeline, checked_for_misfits, plan_of, ident, stored)
+                    if lands == "yes"
+                    and key_problem is None
+                    and (stored is not None or sink.partition_by.value_for(*ident))
+                    else {}
                 ),
                 setting_problem=key_problem
                 or (unordered.text if unordered and not unordered.warning_only else None)
@@ -454,6 +479,34 @@ def _unmet(
             for found in fits.where(reason.isNotNull()).groupBy(reason.alias("label")).count().collect():
                 unmet[found["label"]] = unmet.get(found["label"], 0) + found["count"]
     return dict(sorted(unmet.items()))
+
+
+def _misfits(
+    pipeline: Pipeline,
+    events: DataFrame,
+    plan_of: Callable[[tuple[str | None, str | None, str]], apply.TablePlan | None],
+    ident: tuple[str | None, str | None, str],
+    stored: Sequence[tuple[str, str]] | None,
+) -> dict[str, int]:
+    """``TableFinding.misfits`` of a landing table whose lake table has user columns ``stored`` (None: it would be
+    created), counted in ``events``."""
+    plan = plan_of(ident)
+    if plan is None:  # no row events
+        return {}
+    # The columns a run's MERGE would find: the lake table's, and the ones the plan adds (or creates it with).
+    known = {name.lower() for name, _ in stored or []}
+    columns = [*(stored or []), *((n, t) for n, t in plan.columns if n.lower() not in known)]
+    by_label: dict[str, Column] = {}
+    for label, condition, _ in pipeline.value_misfits(plan, columns):
+        by_label[label] = by_label[label] | condition if label in by_label else condition
+    if not by_label:
+        return {}
+    labels = sorted(by_label)
+    row = events.agg(
+        *(F.count_if(F.coalesce(by_label[label], F.lit(False))).alias(f"c{i}") for i, label in enumerate(labels))
+    ).first()
+    assert row is not None
+    return {label: row[f"c{i}"] for i, label in enumerate(labels) if row[f"c{i}"]}
 
 
 def _keys(configured: Sequence[str] | None, from_messages: Sequence[str] | None) -> tuple[list[str], str]:

@@ -1301,9 +1301,6 @@ class Pipeline:
         not meet one of the table's CHECK ``constraints`` (by table id;
         :mod:`cdclake.constraints`). And the ids of the tables with a constraint that cannot be checked on the
         events' images (:meth:`_refuse_rows_not_meeting_constraints` checks them on the rows a MERGE would write).
-
-        The decoder already checked each value against the type its message declares; the type check only matters
-        when a message declares a column with another type than the table already has.
         """
         reason: Column | None = None
         unmet: list[Column] = []
@@ -1329,11 +1326,6 @@ class Pipeline:
                 unordered_reason = unordered_change_problem(ordering[1], ident)
                 lost = this_table & apply.unordered_change(*carried)
                 reason = F.when(lost, unordered_reason) if reason is None else reason.when(lost, unordered_reason)
-            differing = [
-                (stored[key][0], sorted(types - {stored[key][1]}), stored[key][1])
-                for key, types in sorted(plan.declared_types.items())
-                if key in stored and types - {stored[key][1]}
-            ]
             if plan.null_key_events and plan.key_columns:
                 rows = this_table & F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
                 identifying = apply.identifying_image()
@@ -1345,37 +1337,9 @@ class Pipeline:
                     )
                     unkeyed = rows & identifying.isNotNull() & identifying[key].isNull()
                     reason = F.when(unkeyed, message) if reason is None else reason.when(unkeyed, message)
-            for name, declared, table_type in differing:
-                message = F.lit(
-                    f"value of column {name} (declared {', '.join(declared)}) does not fit the lake table's type "
-                    f"{table_type}"
-                )
-                for image in (F.col(model.AFTER), F.col(model.BEFORE)):
-                    text = image[name]
-                    # A cast rounds a decimal's extra fraction digits: the exact fit decides (model.text_is_valid).
-                    fits = (
-                        model.text_is_valid(text, F.lit(table_type))
-                        if table_type.startswith("decimal(")
-                        else (model.typed_value(text, table_type).isNotNull())
-                    )
-                    lost = this_table & text.isNotNull() & ~fits
-                    reason = F.when(lost, message) if reason is None else reason.when(lost, message)
-            writes_row = this_table & F.col(model.OP).isin(Op.INSERT.value, Op.UPDATE.value, Op.UPSERT.value)
-            for column in self.sink.folder_columns(plan, table_columns[plan.table_id]):
-                size = self.sink.partition_folder_bytes(column, F.col(model.AFTER)[column])
-                too_long = writes_row & (size > MAX_SEGMENT_BYTES)
-                message = F.concat(
-                    F.lit(f"value of partition column {column} names a folder of "),
-                    size.cast("string"),
-                    F.lit(
-                        f" bytes, over the {MAX_SEGMENT_BYTES} a file system holds: the row cannot be stored in its "
-                        "partition (correct the value at the source, or partition the lake table by another column), "
-                        "then replay this dead letter"
-                    ),
-                )
-                reason = F.when(too_long, message) if reason is None else reason.when(too_long, message)
+            for _, lost, message in self.value_misfits(plan, table_columns[plan.table_id]):
+                reason = F.when(lost, message) if reason is None else reason.when(lost, message)
             if constraints.get(plan.table_id):
-                name = ".".join(p for p in (plan.database, plan.schema, plan.table) if p)
                 lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
                 not_met, unchecked = violation_reason(
                     constraints[plan.table_id], table_columns[plan.table_id], lake_table, events
@@ -1386,6 +1350,52 @@ class Pipeline:
                     unmet.append(F.when(this_table, not_met))
         reasons = [r for r in (reason, *unmet) if r is not None]
         return (F.coalesce(*reasons) if len(reasons) > 1 else (reasons[0] if reasons else None)), unchecked_tables
+
+    def value_misfits(
+        self, plan: apply.TablePlan, table_columns: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, Column, Column]]:
+        """The plan's row events whose values its lake table (user columns ``table_columns``) cannot hold, as
+        (label, condition, reason): a value whose message declares another type than the table's column and that
+        does not fit the column's type, and a partition value that would name a folder too long for a file system
+        (``DeltaSink.folder_columns``). ``label`` names the kind (``cdclake check`` counts events by it).
+
+        The decoder already checked each value against the type its message declares; the type check only matters
+        when a message declares a column with another type than the table already has."""
+        stored = {name.lower(): (name, t) for name, t in table_columns}
+        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
+        misfits: list[tuple[str, Column, Column]] = []
+        for key, types in sorted(plan.declared_types.items()):
+            if key not in stored or not types - {stored[key][1]}:
+                continue
+            name, table_type = stored[key]
+            label = (
+                f"value of column {name} (declared {', '.join(sorted(types - {table_type}))}) does not fit the lake "
+                f"table's type {table_type}"
+            )
+            for image in (F.col(model.AFTER), F.col(model.BEFORE)):
+                text = image[name]
+                # A cast rounds a decimal's extra fraction digits: the exact fit decides (model.text_is_valid).
+                fits = (
+                    model.text_is_valid(text, F.lit(table_type))
+                    if table_type.startswith("decimal(")
+                    else (model.typed_value(text, table_type).isNotNull())
+                )
+                misfits.append((label, this_table & text.isNotNull() & ~fits, F.lit(label)))
+        writes_row = this_table & F.col(model.OP).isin(Op.INSERT.value, Op.UPDATE.value, Op.UPSERT.value)
+        for column in self.sink.folder_columns(plan, table_columns):
+            size = self.sink.partition_folder_bytes(column, F.col(model.AFTER)[column])
+            message = F.concat(
+                F.lit(f"value of partition column {column} names a folder of "),
+                size.cast("string"),
+                F.lit(
+                    f" bytes, over the {MAX_SEGMENT_BYTES} a file system holds: the row cannot be stored in its "
+                    "partition (correct the value at the source, or partition the lake table by another column), "
+                    "then replay this dead letter"
+                ),
+            )
+            label = f"value of partition column {column} names a folder of over {MAX_SEGMENT_BYTES} bytes"
+            misfits.append((label, writes_row & (size > MAX_SEGMENT_BYTES), message))
+        return misfits
 
     def _sequence_by_problem(self, ident: tuple[str | None, str | None, str], columns: Sequence[str]) -> str | None:
         """:func:`sequence_by_problem` of the table; a pattern's table without the column is logged, once."""

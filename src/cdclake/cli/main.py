@@ -536,8 +536,8 @@ def check(
 
 def _print_findings(report: CheckReport) -> None:
     """What `check` and `replay --dry-run` found in the messages they decoded; exits 1 if one would be a dead letter
-    (it does not decode, a setting refuses it, its key is NULL, it lacks its `sequence_by` value, or its row does not
-    meet a CHECK constraint)."""
+    (it does not decode, a setting refuses it, its key is NULL, it lacks its `sequence_by` value, its lake table
+    cannot hold one of its values, or its row does not meet a CHECK constraint)."""
     if report.tables:
         tables = Table("source table", "events", "lands", "lake table", "key columns", "new columns")
         for found in report.tables:
@@ -581,6 +581,8 @@ def _print_findings(report: CheckReport) -> None:
             out.print(
                 f"{found.unordered_changes} events of {found.name} would be dead letters: {found.unordered_problem}"
             )
+        for misfit, count in found.misfits.items():
+            out.print(f"{count} events of {found.name} would be dead letters: {misfit}")
         for constraint, count in found.unmet_constraints.items():
             out.print(
                 f"{count} events of {found.name} would not meet CHECK constraint {constraint} of lake table "

@@ -1060,11 +1060,12 @@ class DeltaSink:
         identity partition fields, as the table has them, or as cdclake will create it. One value too long for a
         folder name (:meth:`partition_folder_bytes`) fails the write of the whole batch, so the pipeline makes its
         event a dead letter. Only tables that ``partition_by`` names are looked at (every table a run partitions,
-        unless its owner partitioned one by hand)."""
+        unless its owner partitioned one by hand). A table that does not exist (``cdclake check``) is taken as it
+        would be created."""
         wanted = self.partition_by.value_for(plan.database, plan.schema, plan.table)
         if not wanted:
             return []
-        if self.awaits_creation(plan):
+        if self.awaits_creation(plan) or self.columns(plan.database, plan.schema, plan.table) is None:
             if not self._names_folders_at_creation(columns):
                 return []
             fields = self._creation_fields(wanted, columns)[0]
