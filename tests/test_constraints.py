@@ -244,6 +244,71 @@ def test_a_table_made_by_hand_gets_cdclakes_columns_and_what_its_columns_declare
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_table_made_by_hand_with_its_own_timestamp_kinds_and_computed_columns_takes_the_rows(
+    spark: SparkSession, tmp_path: Path, table_format: TableFormat
+) -> None:
+    """A table made by hand with TIMESTAMP for a MySQL DATETIME (a wall clock: taken as UTC) and TIMESTAMP_NTZ for a
+    MySQL TIMESTAMP (an instant: its UTC wall clock), and on Delta an identity and a generated column, which Delta
+    computes. Before, each of the table's row events was a dead letter (the timestamps' types did not fit), and then
+    every MERGE failed (DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED, a generated column's NULL)."""
+    from datetime import date, datetime
+
+    from tests.test_ddl import row_message
+
+    lake = str(tmp_path / "lake")
+    sink = lake_sink(spark, lake, table_format)
+    delta = table_format == "delta"
+    if delta:
+        identifier = f"delta.`{sink.table_path('crm', None, 'events')}`"
+    else:
+        identifier = sink.identifier("crm", None, "events")
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier.rsplit('.', 1)[0]}")
+    computed = ", sk BIGINT NOT NULL GENERATED ALWAYS AS IDENTITY, day DATE GENERATED ALWAYS AS (CAST(at AS DATE))"
+    spark.sql(
+        f"CREATE TABLE {identifier} (id BIGINT, at TIMESTAMP, seen TIMESTAMP_NTZ{computed if delta else ''}) "
+        f"USING {table_format}"
+    )
+    spark.sql(
+        f"INSERT INTO {identifier} (id, at, seen) VALUES (1, TIMESTAMP'2024-01-01 10:00:00Z', "
+        "TIMESTAMP_NTZ'2024-01-01 10:00:00'), (9, TIMESTAMP'2024-01-02 10:00:00Z', TIMESTAMP_NTZ'2024-01-02 10:00:00')"
+    )
+    types = {"id": "bigint(20)", "at": "datetime", "seen": "timestamp"}  # canal: timestamp_ntz and timestamp
+    messages = [
+        row_message(
+            "UPDATE",
+            "events",
+            [{"id": "1", "at": "2024-01-05 23:30:00", "seen": "2024-01-05 10:00:00.5"}],
+            types,
+            old=[{"at": "2024-01-01 10:00:00"}],
+        ),
+        row_message(
+            "INSERT", "events", [{"id": "3", "at": "2024-01-03 00:15:00", "seen": "2024-01-03 00:15:00"}], types
+        ),
+    ]
+    capture = tmp_path / "changes.jsonl"
+    capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
+    for _ in range(2):  # run again: nothing changes
+        replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], table_format=table_format)
+        rows = sorted(
+            tuple(r[c] for c in ("id", "at", "seen", *(("sk", "day") if delta else ())))
+            for r in sink.read("crm", "events").collect()
+        )
+        # The process's time zone is UTC (tests/conftest.py): Python shows an instant as its UTC wall clock.
+        assert rows == [
+            (
+                1,
+                datetime(2024, 1, 5, 23, 30),
+                datetime(2024, 1, 5, 10, 0, 0, 500000),
+                *((1, date(2024, 1, 5)) if delta else ()),
+            ),
+            (3, datetime(2024, 1, 3, 0, 15), datetime(2024, 1, 3, 0, 15), *((3, date(2024, 1, 3)) if delta else ())),
+            (9, datetime(2024, 1, 2, 10, 0), datetime(2024, 1, 2, 10, 0), *((2, date(2024, 1, 2)) if delta else ())),
+        ]
+    assert sink.read_system("dead_letters") is None
+
+
+@pytest.mark.spark
 def test_the_rows_a_merge_would_write_are_its_updates_and_inserts_as_it_leaves_them(spark: SparkSession) -> None:
     """``written_rows`` emulates a MERGE without writing: a matched row as its update leaves it (a column the update
     does not set keeps its stored value), an unmatched one as inserted (NULL where the insert sets nothing); a

@@ -250,6 +250,35 @@ def typed_value(text: Column, spark_type: str) -> Column:
     return text.try_cast(spark_type)
 
 
+def _wall_clock_epoch() -> Column:
+    """The Unix epoch as a wall clock: differences from it and sums with it involve no time zone (a ``datetime``
+    literal would be read in the session's)."""
+    return F.lit("1970-01-01 00:00:00").cast("timestamp_ntz")
+
+
+_TIMESTAMP_KINDS: Final = {"timestamp_ntz": "timestamp", "timestamp": "timestamp_ntz"}
+
+
+def converts_to(declared: str, stored: str) -> bool:
+    """Whether a value declared ``declared`` is written into a column of type ``stored`` by
+    :func:`converted_text`: a wall clock (``timestamp_ntz``: MySQL DATETIME, SQL Server DATETIME2) into an instant
+    (``timestamp``) column and the reverse, both at UTC."""
+    return _TIMESTAMP_KINDS.get(declared) == stored
+
+
+def converted_text(text: Column, declared: str, stored: str) -> Column:
+    """Canonical text of ``declared`` as canonical text of ``stored`` (:func:`converts_to`). A wall clock is taken as
+    UTC, as Debezium's ``io.debezium.time.Timestamp`` takes a MySQL DATETIME, and an instant becomes its UTC wall
+    clock; neither depends on the session time zone."""
+    if declared == "timestamp_ntz" and stored == "timestamp":
+        micros = F.timestamp_diff("MICROSECOND", _wall_clock_epoch(), typed_value(text, "timestamp_ntz"))
+        return micros.cast("string")
+    if declared == "timestamp" and stored == "timestamp_ntz":
+        wall_clock = F.timestamp_add("MICROSECOND", text.try_cast("bigint"), _wall_clock_epoch())
+        return canonical_text(wall_clock, "timestamp_ntz")
+    raise ValueError(f"no conversion of {declared} values to {stored}")
+
+
 def quote(identifier: str) -> str:
     """Backtick-quotes an identifier for Spark SQL text or ``F.col`` (backticks inside are doubled): names come from
     messages."""

@@ -853,6 +853,7 @@ class Pipeline:
             self.evolution.reconcile_types(plans, table_columns, txn)
             self._latest_columns_of_shared_tables(plans, table_columns)
             good = self._in_lake_spelling(good, plans, table_columns)
+            good = self._in_lake_types(good, plans, table_columns)
 
         misfit, unchecked = self._misfit_reason(plans, table_columns, constraints, good)
         if misfit is not None:
@@ -955,6 +956,59 @@ class Pipeline:
         ).localCheckpoint(eager=True)
         self._batch_frames.append(respelled)
         return respelled
+
+    def _in_lake_types(
+        self, good: DataFrame, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
+    ) -> DataFrame:
+        """``good`` with the values that row events declare as one kind of timestamp and their lake table's column
+        holds as the other (after :meth:`Evolution.reconcile_types` retyped what it could) converted at UTC
+        (:func:`model.converted_text`), and their declared types (the plans' too) the column's. Without it every
+        such value was a dead letter: a lake table made by hand with a TIMESTAMP column for a MySQL DATETIME took
+        no row. Nothing computed when no table needs it."""
+        conversions: list[tuple[Column, str, str, str]] = []  # events, lake column, declared type, lake type
+        this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE))
+        for plan in plans:
+            for name, stored in table_columns[plan.table_id]:
+                declared = plan.declared_types.get(name.lower(), set())
+                for kind in sorted(t for t in declared if model.converts_to(t, stored)):
+                    conversions.append(((this_table == plan.table_id) & _declares(name, kind), name, kind, stored))
+                    log.info("%s: %s values of column %s written as %s (at UTC)", plan.table, kind, name, stored)
+                    declared.discard(kind)
+                    declared.add(stored)
+        if not conversions:
+            return good
+
+        def converted(image: str) -> Column:
+            def value(key: Column, text: Column) -> Column:
+                result = text
+                for events, name, kind, stored in conversions:
+                    result = F.when(events & (key == name), model.converted_text(text, kind, stored)).otherwise(result)
+                return result
+
+            return F.transform_values(image, value)
+
+        def declared_as_stored(column: Column) -> Column:
+            spark_type = column["spark_type"]
+            for events, name, kind, stored in conversions:
+                spark_type = F.when(events & (column["name"] == name) & (spark_type == kind), stored).otherwise(
+                    spark_type
+                )
+            return column.withField("spark_type", spark_type)
+
+        rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
+        retyped = {
+            model.AFTER: converted(model.AFTER),
+            model.BEFORE: converted(model.BEFORE),
+            model.COLUMNS: F.transform(model.COLUMNS, declared_as_stored),
+        }
+        converted_events = good.select(
+            *(
+                F.when(rows, retyped[name]).otherwise(F.col(name)).alias(name) if name in retyped else F.col(name)
+                for name in good.columns
+            )
+        ).localCheckpoint(eager=True)
+        self._batch_frames.append(converted_events)
+        return converted_events
 
     def _latest_columns_of_shared_tables(
         self, plans: Sequence[apply.TablePlan], table_columns: dict[str, list[tuple[str, str]]]
@@ -1365,12 +1419,16 @@ class Pipeline:
         this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == plan.table_id
         misfits: list[tuple[str, Column, Column]] = []
         for key, types in sorted(plan.declared_types.items()):
-            if key not in stored or not types - {stored[key][1]}:
+            if key not in stored:
                 continue
             name, table_type = stored[key]
+            # Timestamps of the other kind are converted (_in_lake_types; cdclake check does not convert them).
+            differing = sorted(t for t in types - {table_type} if not model.converts_to(t, table_type))
+            if not differing:
+                continue
             label = (
-                f"value of column {name} (declared {', '.join(sorted(types - {table_type}))}) does not fit the lake "
-                f"table's type {table_type}"
+                f"value of column {name} (declared {', '.join(differing)}) does not fit the lake table's type "
+                f"{table_type}"
             )
             for image in (F.col(model.AFTER), F.col(model.BEFORE)):
                 text = image[name]
@@ -2000,6 +2058,11 @@ def _before_truncate(plans: Sequence[apply.TablePlan]) -> Column | None:
             )
             before = this if before is None else before | this
     return before
+
+
+def _declares(column: str, spark_type: str) -> Column:
+    """Whether an event declares ``column`` with ``spark_type``."""
+    return F.exists(model.COLUMNS, lambda c: (c["name"] == column) & (c["spark_type"] == spark_type))
 
 
 def _misfit_marker(constraints: Mapping[str, Mapping[str, str]]) -> str:

@@ -19,6 +19,7 @@ no-op.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import re
@@ -371,6 +372,10 @@ class MergeStatement:
     """Quoted target column -> its new value."""
 
 
+_COMPUTED_METADATA: Final = ("delta.generationExpression", "delta.identity.start")
+"""Column metadata keys of the columns Delta computes (:meth:`DeltaSink._computed_columns`)."""
+
+
 def merge_statement(
     plan: TablePlan,
     table_columns: Sequence[tuple[str, str]],
@@ -378,6 +383,7 @@ def merge_statement(
     partitions: int,
     table: str,
     carried: Sequence[str] = (),
+    computed: Collection[str] = (),
 ) -> MergeStatement:
     """The MERGE of one table's folded, gated ``changes`` into a table with ``table_columns``: a delete or an upsert
     applies only when its order is at least the row's recorded one; a partial image keeps the columns it lacks.
@@ -386,6 +392,7 @@ def merge_statement(
         partitions: at most this many source partitions (so files, when the target has none to rewrite).
         table: the table's name, for the error of a key column it lacks.
         carried: columns of ``changes`` kept in the source as they are (:func:`written_rows` passes them on).
+        computed: columns whose values the table computes (generated, identity): neither set nor matched on.
     """
     image = F.col(apply.IMAGE)
     present = F.map_keys(image)
@@ -406,14 +413,15 @@ def merge_statement(
         raise RuntimeError(f"key columns {missing_keys} are not columns of {table}")
     # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
     # a column the message does not declare matches the row's NULL in it.
-    match_on = plan.key_columns or [name for name, _ in table_columns]
+    match_on = plan.key_columns or [name for name, _ in table_columns if name not in computed]
     # The stored order as it compares now (apply.comparable_order: a NULL sequence_by value stored the old way).
     newer = f"s.{POSITION_COLUMN} >= coalesce({apply.comparable_order_sql(f't.{POSITION_COLUMN}')}, '')"
     update_set = {
         quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
         for i, (name, _) in enumerate(table_columns)
+        if name not in computed
     }
-    insert_values = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns)}
+    insert_values = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns) if name not in computed}
     for meta, _ in METADATA_COLUMNS:
         update_set[meta] = f"s.{meta}"
         insert_values[meta] = f"s.{meta}"
@@ -649,6 +657,8 @@ class DeltaSink:
         self._columns: dict[str, list[tuple[str, str]]] = {}
         # path -> what its user columns declare, as checks (cdclake.constraints.declared_checks), read with _columns.
         self._declared_checks: dict[str, dict[str, str]] = {}
+        # path -> its columns whose values Delta computes (generated, identity), read with _columns.
+        self._computed: dict[str, frozenset[str]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
         # paths to switch before their next MERGE, and those known to use them. Written from the MERGE threads, one
         # path per thread.
@@ -1134,8 +1144,26 @@ class DeltaSink:
         columns."""
         meta = {name for name, _ in METADATA_COLUMNS}
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
-        self._declared_checks[path] = declared_checks(StructType(list(fields)), meta)
+        self._computed[path] = self._computed_columns(path)
+        # A computed column's NOT NULL holds by its own values, which no image has.
+        self._declared_checks[path] = declared_checks(StructType(list(fields)), meta | self._computed[path])
         return self._columns[path]
+
+    def _computed_columns(self, path: str) -> frozenset[str]:
+        """The columns of the table at ``path`` whose values Delta computes: generated columns (``GENERATED ALWAYS
+        AS (expr)``) and identity columns. Only a table made by hand has them. A MERGE that sets one fails whole
+        (DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED; a generated column's value must be its expression's, and one
+        the source lacks would be NULL), so cdclake's MERGEs leave them to Delta (:func:`merge_statement`). Read from
+        Delta's snapshot: a DataFrame's schema does not carry this metadata."""
+        jvm = self.spark._jvm
+        assert jvm is not None
+        try:
+            delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
+            fields = json.loads(delta_log.unsafeVolatileSnapshot().metadata().schema().json())["fields"]
+        except Py4JError:  # Delta's internal API, which another Delta release may change
+            log.warning("%s: cannot read which columns Delta computes; cdclake's MERGEs set every column", path)
+            return frozenset()
+        return frozenset(f["name"] for f in fields if set(f.get("metadata") or {}) & set(_COMPUTED_METADATA))
 
     def column_has_values(self, database: str | None, schema: str | None, table: str, column: str) -> bool:
         """Whether any live row has a non-NULL value in ``column``."""
@@ -1252,7 +1280,8 @@ class DeltaSink:
         table, with every column of the table (cdclake's own too) and the ``carried`` columns of ``changes``
         (:func:`written_rows`). Nothing is written."""
         path = self.table_path(plan.database, plan.schema, plan.table)
-        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, carried)
+        computed = self._computed.get(path, frozenset())
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, carried, computed)
         target = self.read(plan.database, plan.table, plan.schema)
         return written_rows(statement, target, target.columns, carried)
 
@@ -1406,7 +1435,8 @@ class DeltaSink:
         may run concurrently inside the same block: they share the batch's marker, one commit per table.
         """
         path = self.table_path(plan.database, plan.schema, plan.table)
-        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path)
+        computed = self._computed.get(path, frozenset())
+        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, (), computed)
         if self._created_by_first_write(path, plan, table_columns, statement):
             return
         condition = F.expr(statement.matched_on)

@@ -572,6 +572,9 @@ class IcebergSink(DeltaSink):
             log.warning("%s: a partition field is left out: %s", path, problem)
         return fit
 
+    def _computed_columns(self, path: str) -> frozenset[str]:
+        return frozenset()  # Iceberg tables compute no column values
+
     def _names_folders_at_creation(self, columns: Sequence[tuple[str, str]]) -> bool:
         return True
 
