@@ -297,12 +297,12 @@ def _tables(pipeline: Pipeline, events: DataFrame) -> list[TableFinding]:
         image_columns.setdefault(tuple(row[name] for name in table), []).append(row["_column"])
     # The events a run would not refuse for a NULL key or a missing sequence_by value first (Pipeline._misfit_reason).
     checked_for_misfits = staged.where(~F.coalesce(null_key, F.lit(False)) & ~F.coalesce(unordered_event, F.lit(False)))
-    plans: dict[str, apply.TablePlan] = {}
+    plans: list[dict[str, apply.TablePlan]] = []
 
     def plan_of(ident: tuple[str | None, str | None, str]) -> apply.TablePlan | None:
         if not plans:  # one planning of all tables, for the first table that needs one
-            plans.update((p.table_id, p) for p in apply.plan_tables(good, settings.keys, settings.sequence_by))
-        return plans.get(apply.table_id_of(*ident))
+            plans.append({p.table_id: p for p in apply.plan_tables(good, settings.keys, settings.sequence_by)})
+        return plans[0].get(apply.table_id_of(*ident))
 
     configured = PerTable.of(settings.keys)
     online = settings.online_schema_change

@@ -432,6 +432,7 @@ class Pipeline:
         self._landed: set[tuple[str | None, str | None, str]] | None = None
         # Tables a sequence_by pattern gives a column they do not have, already warned of (_sequence_by_problem).
         self._unsequenced_warned: set[str] = set()
+        self._conversions_logged: set[tuple[str, str, str]] = set()  # table id, column, declared type
 
     # -------------------------------------------------------------------------------------------------------------
 
@@ -972,7 +973,9 @@ class Pipeline:
                 declared = plan.declared_types.get(name.lower(), set())
                 for kind in sorted(t for t in declared if model.converts_to(t, stored)):
                     conversions.append(((this_table == plan.table_id) & _declares(name, kind), name, kind, stored))
-                    log.info("%s: %s values of column %s written as %s (at UTC)", plan.table, kind, name, stored)
+                    if (plan.table_id, name, kind) not in self._conversions_logged:  # once per run
+                        self._conversions_logged.add((plan.table_id, name, kind))
+                        log.info("%s: %s values of column %s written as %s (at UTC)", plan.table, kind, name, stored)
                     declared.discard(kind)
                     declared.add(stored)
         if not conversions:
