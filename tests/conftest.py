@@ -117,7 +117,7 @@ _LONG_FILES = (
     "tests/test_key_changes.py",  # 355 with its rendered streams, 155 since they are test_rendered_streams' own
     "tests/test_iceberg_sink.py",  # 140
     "tests/e2e/test_stream_kill.py",  # 128 (the case is drawn)
-    "tests/test_column_names.py",  # 114 alone (2026-12-06)
+    "tests/test_column_names.py",  # 29 in a full run, 114 alone with its JVM's start (2026-12-06)
     "tests/test_deletion_vectors.py",  # 126
     "tests/formats/test_plan_reuse.py",  # 119
     "tests/formats/test_lambda_invariants.py",  # 110
