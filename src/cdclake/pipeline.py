@@ -924,7 +924,6 @@ class Pipeline:
         if not respelt:
             return good
         log.info("column names spelt as their lake tables spell them: %s", respelt)
-        rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
         # One lookup per name, however many are respelt: table id, separator and message name -> the lake's name.
         # (Identifiers hold no control characters: formats.base refuses them.)
         lake_names = F.create_map(
@@ -941,22 +940,15 @@ class Pipeline:
         def in_lake(name: Column) -> Column:
             return F.coalesce(F.element_at(lake_names, F.concat(of_table, name)), name)
 
-        respelt_columns = {
-            model.BEFORE: F.transform_keys(model.BEFORE, lambda k, _v: in_lake(k)),
-            model.AFTER: F.transform_keys(model.AFTER, lambda k, _v: in_lake(k)),
-            model.COLUMNS: F.transform(model.COLUMNS, lambda c: c.withField("name", in_lake(c["name"]))),
-            model.KEY_COLUMNS: F.transform(model.KEY_COLUMNS, in_lake),
-        }
-        respelled = good.select(
-            *(
-                F.when(rows, respelt_columns[name]).otherwise(F.col(name)).alias(name)
-                if name in respelt_columns
-                else F.col(name)
-                for name in good.columns
-            )
-        ).localCheckpoint(eager=True)
-        self._batch_frames.append(respelled)
-        return respelled
+        return self._with_row_columns(
+            good,
+            {
+                model.BEFORE: F.transform_keys(model.BEFORE, lambda k, _v: in_lake(k)),
+                model.AFTER: F.transform_keys(model.AFTER, lambda k, _v: in_lake(k)),
+                model.COLUMNS: F.transform(model.COLUMNS, lambda c: c.withField("name", in_lake(c["name"]))),
+                model.KEY_COLUMNS: F.transform(model.KEY_COLUMNS, in_lake),
+            },
+        )
 
     def _in_lake_types(
         self, good: DataFrame, plans: Sequence[apply.TablePlan], table_columns: Mapping[str, list[tuple[str, str]]]
@@ -998,20 +990,27 @@ class Pipeline:
                 )
             return column.withField("spark_type", spark_type)
 
+        return self._with_row_columns(
+            good,
+            {
+                model.AFTER: converted(model.AFTER),
+                model.BEFORE: converted(model.BEFORE),
+                model.COLUMNS: F.transform(model.COLUMNS, declared_as_stored),
+            },
+        )
+
+    def _with_row_columns(self, good: DataFrame, replaced: Mapping[str, Column]) -> DataFrame:
+        """``good`` with the ``replaced`` columns of its row events (other events keep theirs), checkpointed with
+        the batch's frames: every later read would otherwise evaluate the replacements again."""
         rows = F.col(model.OP).isin(*(o.value for o in model.ROW_OPS))
-        retyped = {
-            model.AFTER: converted(model.AFTER),
-            model.BEFORE: converted(model.BEFORE),
-            model.COLUMNS: F.transform(model.COLUMNS, declared_as_stored),
-        }
-        converted_events = good.select(
+        replaced_events = good.select(
             *(
-                F.when(rows, retyped[name]).otherwise(F.col(name)).alias(name) if name in retyped else F.col(name)
+                F.when(rows, replaced[name]).otherwise(F.col(name)).alias(name) if name in replaced else F.col(name)
                 for name in good.columns
             )
         ).localCheckpoint(eager=True)
-        self._batch_frames.append(converted_events)
-        return converted_events
+        self._batch_frames.append(replaced_events)
+        return replaced_events
 
     def _latest_columns_of_shared_tables(
         self, plans: Sequence[apply.TablePlan], table_columns: dict[str, list[tuple[str, str]]]

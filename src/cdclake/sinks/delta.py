@@ -1095,20 +1095,33 @@ class DeltaSink:
         calls, where :meth:`_partitioning` (``DESCRIBE DETAIL``) builds the table's state, 0.5-0.7 s after each
         commit. None for a column-mapped table: Delta writes its files under random two-character folders, whatever
         the partition values (``delta.columnMapping.mode``; a partition value of 300 bytes lands there)."""
-        jvm = self.spark._jvm
-        assert jvm is not None
-        try:
-            delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
-            metadata = delta_log.unsafeVolatileSnapshot().metadata()
+
+        def folder_fields(metadata: Any) -> Partitioning:
             mode = metadata.configuration().get(COLUMN_MAPPING_MODE)
             if mode.isDefined() and mode.get() != "none":
                 return ()
             columns = metadata.partitionColumns()
             return tuple(PartitionField(columns.apply(i)) for i in range(columns.size()))
-        except Py4JError:  # Delta's internal API, which another Delta release may change: the public one then
-            if self._properties(path).get(COLUMN_MAPPING_MODE, "none") != "none":
-                return ()
-            return self._partitioning(path)
+
+        fields = self._from_cached_metadata(path, folder_fields)
+        if fields is not None:
+            return fields
+        # Delta's internal API changed: the public one then.
+        if self._properties(path).get(COLUMN_MAPPING_MODE, "none") != "none":
+            return ()
+        return self._partitioning(path)
+
+    def _from_cached_metadata(self, path: str, read: Callable[[Any], Result]) -> Result | None:
+        """``read`` of the metadata (JVM ``Metadata``) of the Delta table at ``path`` as the session last saw it
+        (Delta's cached snapshot, no I/O); None when Delta's internal API, which another Delta release may change,
+        is not there."""
+        jvm = self.spark._jvm
+        assert jvm is not None
+        try:
+            delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
+            return read(delta_log.unsafeVolatileSnapshot().metadata())
+        except Py4JError:
+            return None
 
     def partition_folder_bytes(self, column: str, value: Column) -> Column:
         """The length in bytes of the folder name ``column=value`` of a partition, as Delta (Spark's
@@ -1155,12 +1168,8 @@ class DeltaSink:
         (DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED; a generated column's value must be its expression's, and one
         the source lacks would be NULL), so cdclake's MERGEs leave them to Delta (:func:`merge_statement`). Read from
         Delta's snapshot: a DataFrame's schema does not carry this metadata."""
-        jvm = self.spark._jvm
-        assert jvm is not None
-        try:
-            delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
-            fields = json.loads(delta_log.unsafeVolatileSnapshot().metadata().schema().json())["fields"]
-        except Py4JError:  # Delta's internal API, which another Delta release may change
+        fields = self._from_cached_metadata(path, lambda metadata: json.loads(metadata.schema().json())["fields"])
+        if fields is None:
             log.warning("%s: cannot read which columns Delta computes; cdclake's MERGEs set every column", path)
             return frozenset()
         return frozenset(f["name"] for f in fields if set(f.get("metadata") or {}) & set(_COMPUTED_METADATA))
