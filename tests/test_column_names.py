@@ -18,6 +18,7 @@ from cdclake.sinks import lake_sink
 from cdclake.sinks.delta import COLUMN_MAPPING_MODE, needs_column_mapping
 from cdclake.sinks.partitioning import PartitionField
 from tests.test_ddl import ddl_message, row_message
+from tests.test_partitioning import _capture
 
 ORDERS = {
     "id": "bigint(20)",
@@ -39,12 +40,6 @@ def test_which_names_need_column_mapping() -> None:
     assert not needs_column_mapping(["id", "a.b", "名前", "Grüße", "$x", "a-b"])
     for name in ("Order Date", "a,b", "a;b", "{a}", "f(x)", "x=y", "a\tb", "a\nb"):
         assert needs_column_mapping(["id", name]), name
-
-
-def _capture(tmp_path: Path, name: str, messages: list[str]) -> str:
-    capture = tmp_path / name
-    capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
-    return str(capture)
 
 
 def _order(order_id: int, date: str, price: str, abc: str, xyz: str, date_column: str = "Order Date") -> dict[str, Any]:
