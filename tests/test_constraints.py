@@ -309,6 +309,118 @@ def test_a_table_made_by_hand_with_its_own_timestamp_kinds_and_computed_columns_
 
 
 @pytest.mark.spark
+def test_delta_tables_made_by_hand_with_default_columns_the_source_lacks_fill_them_as_their_owner_declared(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Tables made by hand with columns of their own that the source table lacks, with a DEFAULT: a row inserted
+    without such a column takes the DEFAULT, a row updated without it keeps its value, and a message that carries
+    the column writes its value (NULL into a NOT NULL one is a dead letter). Before, each upsert wrote NULL there,
+    and into a NOT NULL one made every row a dead letter. A DDL rewrite keeps the DEFAULTs (`events`). A DDL change
+    that would rewrite a table with an identity column or a NOT NULL column (`orders`) is a dead letter saying so:
+    the rewrite failed the batch (identity) or silently dropped the NOT NULL. (Iceberg's Spark catalog here does not
+    take DEFAULTs: UNSUPPORTED_FEATURE.TABLE_OPERATION.)"""
+    from tests.test_ddl import ddl_message, row_message
+
+    lake = str(tmp_path / "lake")
+    sink = lake_sink(spark, lake, "delta")
+
+    def create(table: str, columns: str) -> None:
+        identifier = f"delta.`{sink.table_path('crm', None, table)}`"
+        spark.sql(
+            f"CREATE TABLE {identifier} ({columns}) USING delta "
+            "TBLPROPERTIES ('delta.feature.allowColumnDefaults' = 'supported')"
+        )
+        spark.sql(f"INSERT INTO {identifier} (id, v) VALUES (9, 'i')")
+
+    create("events", "id BIGINT, v STRING, src STRING DEFAULT 'erp', loaded_at TIMESTAMP DEFAULT current_timestamp()")
+    spark.sql(f"UPDATE delta.`{sink.table_path('crm', None, 'events')}` SET src = 'legacy'")
+    create("orders", "id BIGINT, v STRING, qty INT NOT NULL DEFAULT 1, sk BIGINT GENERATED ALWAYS AS IDENTITY")
+    types = {"id": "bigint(20)", "v": "varchar(8)"}
+    with_qty = {**types, "qty": "int(11)"}
+    messages = [
+        row_message("INSERT", "events", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}], types),
+        row_message(
+            "UPDATE", "events", [{"id": "1", "v": "a2"}, {"id": "9", "v": "i2"}], types, old=[{"v": "a"}, {"v": "i"}]
+        ),
+        row_message("DELETE", "events", [{"id": "2", "v": "b"}], types),
+        row_message("INSERT", "events", [{"id": "3", "v": "c", "src": "crm"}], {**types, "src": "varchar(8)"}),
+        row_message("INSERT", "orders", [{"id": "1", "v": "a"}], types),
+        row_message(
+            "INSERT", "orders", [{"id": "2", "v": "b", "qty": "5"}, {"id": "3", "v": "c", "qty": None}], with_qty
+        ),
+        row_message("UPDATE", "orders", [{"id": "9", "v": "i2"}], types, old=[{"v": "i"}]),
+        # Second batch: a rename of events' column (a rewrite), a drop of orders' column (not applied).
+        ddl_message("events", "ALTER TABLE events RENAME COLUMN v TO note"),
+        row_message("INSERT", "events", [{"id": "5", "note": "e"}], {"id": "bigint(20)", "note": "varchar(8)"}),
+        ddl_message("orders", "ALTER TABLE orders DROP COLUMN v"),
+        row_message("INSERT", "orders", [{"id": "4"}], {"id": "bigint(20)"}),
+    ]
+    capture = tmp_path / "changes.jsonl"
+    capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], batch_lines=7)
+
+    events = sink.read("crm", "events")
+    assert events.columns[:4] == ["id", "note", "src", "loaded_at"]
+    assert sorted((r["id"], r["note"], r["src"], r["loaded_at"] is not None) for r in events.collect()) == [
+        (1, "a2", "erp", True),
+        (3, "c", "crm", True),
+        (5, "e", "erp", True),
+        (9, "i2", "legacy", True),
+    ]
+    orders = sorted((r["id"], r["v"], r["qty"], r["sk"]) for r in sink.read("crm", "orders").collect())
+    # Identity values: 9's kept by its update; the other rows' in the order Delta inserts them.
+    assert [row[:3] for row in orders] == [(1, "a", 1), (2, "b", 5), (4, None, 1), (9, "i2", 1)]
+    assert orders[-1][3] == 1
+    assert len({row[3] for row in orders}) == 4
+    dead = sink.read_system("dead_letters")
+    assert dead is not None
+    assert sorted(r["reason"] for r in dead.collect()) == [
+        "DDL not applied: rewriting the lake table for it would lose what its owner declared (NOT NULL of column qty; "
+        "identity column sk); make the change by hand (ALTER TABLE ...; a Delta table needs "
+        "'delta.columnMapping.mode' = 'name' to drop or rename a column), or drop those declarations, then replay "
+        "this dead letter",
+        "the row does not meet the NOT NULL of column qty of lake table crm/orders: correct it at the source, or "
+        "allow NULL in the column (ALTER TABLE ... ALTER COLUMN qty DROP NOT NULL), then replay this dead letter",
+    ]
+
+
+@pytest.mark.spark
+def test_a_ddl_change_that_would_rewrite_an_iceberg_table_made_by_hand_without_its_not_null_is_a_dead_letter(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark writes a replacing Iceberg table's columns optional, so a DDL rewrite of a table made by hand with a
+    required column would silently drop its NOT NULL (as on Delta): the change is a dead letter saying so, and the
+    batch's rows land. The DDL statement comes before the table's first row change, when the table has none of
+    cdclake's columns yet (the rewrite selected them, and failed the batch)."""
+    from tests.test_ddl import ddl_message, row_message
+
+    lake = str(tmp_path / "lake")
+    sink = lake_sink(spark, lake, "iceberg")
+    identifier = sink.identifier("crm", None, "orders")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {identifier.rsplit('.', 1)[0]}")
+    spark.sql(f"CREATE TABLE {identifier} (id BIGINT, v STRING, qty BIGINT NOT NULL) USING iceberg")
+    spark.sql(f"INSERT INTO {identifier} VALUES (9, 'i', 1)")
+    messages = [
+        ddl_message("orders", "ALTER TABLE orders DROP COLUMN v"),
+        row_message("INSERT", "orders", [{"id": "4", "qty": "7"}], {"id": "bigint(20)", "qty": "bigint(20)"}),
+    ]
+    capture = tmp_path / "changes.jsonl"
+    capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], table_format="iceberg")
+
+    orders = sink.read("crm", "orders")
+    assert not orders.schema["qty"].nullable
+    assert sorted((r["id"], r["v"], r["qty"]) for r in orders.collect()) == [(4, None, 7), (9, "i", 1)]
+    dead = sink.read_system("dead_letters")
+    assert dead is not None
+    assert [r["reason"] for r in dead.collect()] == [
+        "DDL not applied: rewriting the lake table for it would lose what its owner declared (NOT NULL of column qty); "
+        "make the change by hand (ALTER TABLE ...; a Delta table needs 'delta.columnMapping.mode' = 'name' to drop "
+        "or rename a column), or drop those declarations, then replay this dead letter"
+    ]
+
+
+@pytest.mark.spark
 def test_the_rows_a_merge_would_write_are_its_updates_and_inserts_as_it_leaves_them(spark: SparkSession) -> None:
     """``written_rows`` emulates a MERGE without writing: a matched row as its update leaves it (a column the update
     does not set keeps its stored value), an unmatched one as inserted (NULL where the insert sets nothing); a

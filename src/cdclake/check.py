@@ -452,10 +452,11 @@ def _unmet(
     this_table = apply.table_id(F.col(model.DATABASE), F.col(model.SCHEMA), F.col(model.TABLE)) == table_id
     good = events.where(F.col(model.ERROR).isNull() & this_table)
     label = {name: f"{name} ({condition})" for name, condition in constraints.items()}
+    defaulted = pipeline.sink.column_defaults(*ident)
     counted: list[tuple[str, Column]] = []
     unchecked: list[str] = []
     for name, condition in sorted(constraints.items()):
-        reason, not_checked = violation_reason({name: condition}, columns, lake_table, good)
+        reason, not_checked = violation_reason({name: condition}, columns, lake_table, good, defaulted)
         unchecked += not_checked
         if reason is not None:
             counted.append((label[name], reason))

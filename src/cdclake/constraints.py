@@ -130,7 +130,11 @@ def _named(name: str, condition: str) -> tuple[str, str]:
 
 
 def violation_reason(
-    constraints: Mapping[str, str], table_columns: Sequence[tuple[str, str]], table: str, events: DataFrame
+    constraints: Mapping[str, str],
+    table_columns: Sequence[tuple[str, str]],
+    table: str,
+    events: DataFrame,
+    defaulted: Collection[str] = (),
 ) -> tuple[Column | None, list[str]]:
     """Per event of ``events`` of one table: why its row would not meet one of the table's CHECK ``constraints``
     (name -> condition), null when it meets them all or carries no row to check; and the names of the constraints
@@ -139,7 +143,9 @@ def violation_reason(
 
     Only events with an after image are checked (inserts, updates, snapshot rows): a delete writes no row. A partial
     image that lacks a column the condition reads is not checked here: the row keeps that column's stored value, which
-    the event does not carry (:func:`unmet_on_rows` checks the row).
+    the event does not carry (:func:`unmet_on_rows` checks the row). Nor is an image that lacks one of the
+    ``defaulted`` columns (with a DEFAULT, which the MERGE then fills in) that the condition reads: such a
+    constraint is also returned as unchecked, so that the rows are checked.
     """
     after = F.col(model.AFTER)
     with_row = F.col(model.OP).isin(model.Op.INSERT.value, model.Op.UPDATE.value, model.Op.UPSERT.value)
@@ -152,10 +158,16 @@ def violation_reason(
         if met is None:
             unchecked.append(name)
             continue
+        used = columns_used(condition, table_columns)
         has_all: Column = F.lit(True)
-        for column in columns_used(condition, table_columns):
+        for column in used:
             has_all = has_all & F.map_contains_key(after, F.lit(column))
         checked = with_row & (~F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False)) | has_all)
+        if reads_default := [column for column in used if column in defaulted]:
+            # An image without the column gets its DEFAULT or keeps the stored value: checked on the rows.
+            for column in reads_default:
+                checked = checked & F.map_contains_key(after, F.lit(column))
+            unchecked.append(name)
         not_met = checked & ~F.coalesce(met, F.lit(False))
         what, change = _named(name, condition)
         message = F.lit(

@@ -448,6 +448,7 @@ class SchemaEvolution:
                 raise _IncompatibleChangeError(
                     f"column {name} is a key column of the lake table; dropping it would merge rows"
                 )
+            self._refuse_if_rewrite_loses(ident)
             kept = [(n, F.col(quote(n))) for n, _ in columns if n != name]
             # The rewrite keeps the table's other partition fields: a column the source no longer has cannot
             # partition its rows.
@@ -473,6 +474,7 @@ class SchemaEvolution:
             return "nothing to do: column unchanged" + (
                 " (type has no exact Spark type)" if not change.spark_type else ""
             )
+        self._refuse_if_rewrite_loses(ident)
         retyped = _retyped(name, new_type, valueless)
         rewritten = [(new_name, retyped) if n == name else (n, F.col(quote(n))) for n, _ in columns]
         new_keys = [new_name if k.lower() == name.lower() else k for k in keys]
@@ -513,6 +515,7 @@ class SchemaEvolution:
             return "nothing to do: the empty lake table has the new definition"
         defined = {n.lower() for n, _ in definition}
         self._refuse_if_constrained(ident, [n for n, _ in columns if n.lower() not in defined], columns)
+        self._refuse_if_rewrite_loses(ident)
         stored = {n.lower(): n for n, _ in columns}
         rewritten = [
             (
@@ -542,6 +545,18 @@ class SchemaEvolution:
                     f"column {read[0]} is read by CHECK constraint {constraint} ({condition}) of the lake table; "
                     f"drop the constraint (ALTER TABLE ... DROP CONSTRAINT {constraint}), then replay this dead letter"
                 )
+
+    def _refuse_if_rewrite_loses(self, ident: tuple[str | None, str | None, str]) -> None:
+        """Raises when rewriting the lake table would lose what its owner declared on its columns (a table made by
+        hand: NOT NULL, identity or generated columns; ``sink.rewrite_loses``). The change is left to the owner; the
+        table keeps its columns meanwhile (a renamed column's later values arrive under its new name)."""
+        lost = self.sink.rewrite_loses(*ident)
+        if lost:
+            raise _IncompatibleChangeError(
+                f"rewriting the lake table for it would lose what its owner declared ({'; '.join(lost)}); make the "
+                "change by hand (ALTER TABLE ...; a Delta table needs 'delta.columnMapping.mode' = 'name' to drop or "
+                "rename a column), or drop those declarations, then replay this dead letter"
+            )
 
     def _keeps_position(self, plan: apply.TablePlan) -> bool:
         """Whether ``plan``'s table is one a ``sequence_by`` pattern names a column it lacks: it keeps the format's
@@ -594,6 +609,16 @@ class SchemaEvolution:
             current_types = dict(stored)
             changes = {n: t for n, t in changes.items() if self.sink.stored_type(t) != current_types[n]}
             if not changes:
+                continue
+            if lost := self.sink.rewrite_loses(plan.database, plan.schema, plan.table):
+                # Values that do not fit the column's type are the misfit check's dead letters.
+                log.warning(
+                    "table %s: column types %s not changed: rewriting the lake table would lose what its owner "
+                    "declared (%s)",
+                    plan.table,
+                    changes,
+                    "; ".join(lost),
+                )
                 continue
             log.info("table %s: column types %s", plan.table, changes)
             rewritten = [(n, _retyped(n, changes.get(n), n in valueless)) for n, _ in stored]

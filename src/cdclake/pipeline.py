@@ -1398,7 +1398,11 @@ class Pipeline:
             if constraints.get(plan.table_id):
                 lake_table = "/".join(self.sink.lake_names(plan.database, plan.schema, plan.table))
                 not_met, unchecked = violation_reason(
-                    constraints[plan.table_id], table_columns[plan.table_id], lake_table, events
+                    constraints[plan.table_id],
+                    table_columns[plan.table_id],
+                    lake_table,
+                    events,
+                    self.sink.column_defaults(*ident),
                 )
                 if unchecked:
                     unchecked_tables.add(plan.table_id)

@@ -372,8 +372,14 @@ class MergeStatement:
     """Quoted target column -> its new value."""
 
 
-_COMPUTED_METADATA: Final = ("delta.generationExpression", "delta.identity.start")
+_GENERATION_METADATA: Final = "delta.generationExpression"
+_IDENTITY_METADATA: Final = "delta.identity.start"
+_COMPUTED_METADATA: Final = (_GENERATION_METADATA, _IDENTITY_METADATA)
 """Column metadata keys of the columns Delta computes (:meth:`DeltaSink._computed_columns`)."""
+
+DEFAULT_METADATA: Final = "CURRENT_DEFAULT"
+"""Column metadata key of a column's DEFAULT expression (Spark SQL text), as Spark keeps it in a table's schema
+(``ResolveDefaultColumns``) and Delta and Iceberg pass it on (:meth:`DeltaSink.column_defaults`)."""
 
 
 def merge_statement(
@@ -384,6 +390,7 @@ def merge_statement(
     table: str,
     carried: Sequence[str] = (),
     computed: Collection[str] = (),
+    defaults: Mapping[str, str] | None = None,
 ) -> MergeStatement:
     """The MERGE of one table's folded, gated ``changes`` into a table with ``table_columns``: a delete or an upsert
     applies only when its order is at least the row's recorded one; a partial image keeps the columns it lacks.
@@ -393,7 +400,11 @@ def merge_statement(
         table: the table's name, for the error of a key column it lacks.
         carried: columns of ``changes`` kept in the source as they are (:func:`written_rows` passes them on).
         computed: columns whose values the table computes (generated, identity): neither set nor matched on.
+        defaults: columns with a DEFAULT (name -> its Spark SQL expression, as the table's owner declared it) that
+            an image may lack (the source table has no such column): a row inserted without one takes its DEFAULT, a
+            row updated without one keeps its value, and a key-less row is matched on the other columns.
     """
+    defaults = {name: expression for name, expression in (defaults or {}).items() if name not in computed}
     image = F.col(apply.IMAGE)
     present = F.map_keys(image)
     source_columns: list[Column] = [
@@ -414,14 +425,25 @@ def merge_statement(
     # A table without key columns is matched on the whole row (apply.key_of): every column, NULL-safe, so that
     # a column the message does not declare matches the row's NULL in it.
     match_on = plan.key_columns or [name for name, _ in table_columns if name not in computed]
+    matched_on = []
+    for name in match_on:
+        i = index_of[name.lower()]
+        same = f"t.{quote(name)} <=> s._c{i}"
+        matched_on.append(f"(NOT s._p{i} OR {same})" if name in defaults else same)
     # The stored order as it compares now (apply.comparable_order: a NULL sequence_by value stored the old way).
     newer = f"s.{POSITION_COLUMN} >= coalesce({apply.comparable_order_sql(f't.{POSITION_COLUMN}')}, '')"
-    update_set = {
-        quote(name): f"CASE WHEN s._partial AND NOT s._p{i} THEN t.{quote(name)} ELSE s._c{i} END"
-        for i, (name, _) in enumerate(table_columns)
-        if name not in computed
-    }
-    insert_values = {quote(name): f"s._c{i}" for i, (name, _) in enumerate(table_columns) if name not in computed}
+    update_set: dict[str, str] = {}
+    insert_values: dict[str, str] = {}
+    for i, (name, spark_type) in enumerate(table_columns):
+        if name in computed:
+            continue
+        lacking = f"NOT s._p{i}" if name in defaults else f"s._partial AND NOT s._p{i}"
+        update_set[quote(name)] = f"CASE WHEN {lacking} THEN t.{quote(name)} ELSE s._c{i} END"
+        insert_values[quote(name)] = (
+            f"CASE WHEN s._p{i} THEN s._c{i} ELSE CAST(({defaults[name]}) AS {spark_type}) END"
+            if name in defaults
+            else f"s._c{i}"
+        )
     for meta, _ in METADATA_COLUMNS:
         update_set[meta] = f"s.{meta}"
         insert_values[meta] = f"s.{meta}"
@@ -429,13 +451,21 @@ def merge_statement(
     # typed value) and ``_p<i>`` (whether the image has it).
     return MergeStatement(
         source=source,
-        matched_on=" AND ".join(f"t.{quote(k)} <=> s._c{index_of[k.lower()]}" for k in match_on),
+        matched_on=" AND ".join(matched_on),
         insert_values=insert_values,
         insert_when=f"s._k = '{apply.UPSERT}'",
         delete_when=f"s._k = '{apply.DELETE}' AND {newer}",
         update_when=f"s._k = '{apply.UPSERT}' AND {newer}",
         update_set=update_set,
     )
+
+
+def rewritten_rows(table: DataFrame, columns: Sequence[tuple[str, Column]]) -> DataFrame:
+    """The rows of a lake ``table`` as a rewrite writes them: its new user ``columns`` (name, expression over the
+    current row), then cdclake's columns, those it has (a table made by hand has none before its first row change;
+    a DDL statement may come first)."""
+    kept = [F.col(name) for name, _ in METADATA_COLUMNS if name in table.columns]
+    return table.select(*(expr.alias(name) for name, expr in columns), *kept)
 
 
 def inserted_rows(statement: MergeStatement, schema: StructType) -> DataFrame:
@@ -659,6 +689,8 @@ class DeltaSink:
         self._declared_checks: dict[str, dict[str, str]] = {}
         # path -> its columns whose values Delta computes (generated, identity), read with _columns.
         self._computed: dict[str, frozenset[str]] = {}
+        # path -> its columns with a DEFAULT (name -> expression), read with _columns.
+        self._defaults: dict[str, dict[str, str]] = {}
         # Deletion vectors: a MERGE counter per table path (from a number of the path's and one of the sink's), the
         # paths to switch before their next MERGE, and those known to use them. Written from the MERGE threads, one
         # path per thread.
@@ -1158,6 +1190,11 @@ class DeltaSink:
         meta = {name for name, _ in METADATA_COLUMNS}
         self._columns[path] = [(f.name, f.dataType.simpleString()) for f in fields if f.name not in meta]
         self._computed[path] = self._computed_columns(path)
+        self._defaults[path] = {
+            f.name: str(f.metadata[DEFAULT_METADATA])
+            for f in fields
+            if f.name not in meta and f.metadata.get(DEFAULT_METADATA) is not None
+        }
         # A computed column's NOT NULL holds by its own values, which no image has.
         self._declared_checks[path] = declared_checks(StructType(list(fields)), meta | self._computed[path])
         return self._columns[path]
@@ -1173,6 +1210,36 @@ class DeltaSink:
             log.warning("%s: cannot read which columns Delta computes; cdclake's MERGEs set every column", path)
             return frozenset()
         return frozenset(f["name"] for f in fields if set(f.get("metadata") or {}) & set(_COMPUTED_METADATA))
+
+    def column_defaults(self, database: str | None, schema: str | None, table: str) -> dict[str, str]:
+        """The user columns of a lake table that have a DEFAULT, with its expression (name -> Spark SQL text), as the
+        sink last read the table's columns. Only a table made by hand has them (``ingested_at TIMESTAMP DEFAULT
+        current_timestamp()``, ``tenant STRING DEFAULT 'acme'``): a row whose image lacks such a column (the source
+        table has none) takes the DEFAULT when inserted and keeps its value when updated (:func:`merge_statement`),
+        where writing the image as it is would leave NULL."""
+        return self._defaults.get(self.table_path(database, schema, table), {})
+
+    def rewrite_loses(self, database: str | None, schema: str | None, table: str) -> list[str]:
+        """What the owner of a lake table (made by hand) declared on its columns that :meth:`rewrite` would not keep,
+        described: a rewrite writes the rows as a DataFrame, and Delta writes its columns nullable, without generation
+        expressions, and refuses an identity column's values (DELTA_IDENTITY_COLUMNS_EXPLICIT_INSERT_NOT_SUPPORTED).
+        A DEFAULT is kept (the DataFrame's schema carries it), so are CHECK constraints (table properties). Tables
+        cdclake creates declare none of these."""
+        path = self.table_path(database, schema, table)
+        fields = self._from_cached_metadata(path, lambda metadata: json.loads(metadata.schema().json())["fields"])
+        meta = {name for name, _ in METADATA_COLUMNS}
+        lost = []
+        for field_ in fields or []:
+            name, metadata = field_["name"], field_.get("metadata") or {}
+            if name in meta:
+                continue
+            if _IDENTITY_METADATA in metadata:
+                lost.append(f"identity column {name}")
+            elif _GENERATION_METADATA in metadata:
+                lost.append(f"generated column {name} AS ({metadata[_GENERATION_METADATA]})")
+            elif not field_.get("nullable", True):
+                lost.append(f"NOT NULL of column {name}")
+        return lost
 
     def column_has_values(self, database: str | None, schema: str | None, table: str, column: str) -> bool:
         """Whether any live row has a non-NULL value in ``column``."""
@@ -1195,20 +1262,19 @@ class DeltaSink:
         understands (no column mapping or type-widening table features). Costs a full rewrite; schema changes are
         rare."""
         path = self.table_path(database, schema, table)
-        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
         current = self._partitioning(path)
         partitioning = on_columns(current, [name for name, _ in columns], renamed)
 
         def save() -> None:
             # Read anew on every attempt: after a conflict, the rows are the other writer's.
-            rows = self.spark.read.format("delta").load(path).select(*selected)
+            rows = rewritten_rows(self.spark.read.format("delta").load(path), columns)
             writer = _partitioned(rows.write.format("delta").mode("overwrite"), partitioning)
             writer = writer.option("overwriteSchema", "true")
             if txn is not None:
                 writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
             writer.save(path)
 
-        new_schema = self.spark.read.format("delta").load(path).select(*selected).schema
+        new_schema = rewritten_rows(self.spark.read.format("delta").load(path), columns).schema
         self.allow_column_names(path, new_schema)
         self._unlist_statistics_of_changed(database, schema, table, new_schema, current)
         self._committing(path, "rewrite", save)
@@ -1290,7 +1356,9 @@ class DeltaSink:
         (:func:`written_rows`). Nothing is written."""
         path = self.table_path(plan.database, plan.schema, plan.table)
         computed = self._computed.get(path, frozenset())
-        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, carried, computed)
+        statement = merge_statement(
+            plan, table_columns, changes, self._shuffle_partitions(), path, carried, computed, self._defaults.get(path)
+        )
         target = self.read(plan.database, plan.table, plan.schema)
         return written_rows(statement, target, target.columns, carried)
 
@@ -1445,7 +1513,9 @@ class DeltaSink:
         """
         path = self.table_path(plan.database, plan.schema, plan.table)
         computed = self._computed.get(path, frozenset())
-        statement = merge_statement(plan, table_columns, changes, self._shuffle_partitions(), path, (), computed)
+        statement = merge_statement(
+            plan, table_columns, changes, self._shuffle_partitions(), path, (), computed, self._defaults.get(path)
+        )
         if self._created_by_first_write(path, plan, table_columns, statement):
             return
         condition = F.expr(statement.matched_on)

@@ -59,6 +59,7 @@ from cdclake.sinks.delta import (
     merge_statement,
     metadata_columns_to_add,
     ordering_of,
+    rewritten_rows,
     source_properties,
     sql_string,
 )
@@ -410,13 +411,12 @@ class IcebergSink(DeltaSink):
         if key_columns is not None:
             names = {name.lower() for name, _ in columns}
             keys = ",".join(k for k in key_columns if k.lower() in names)
-        selected = [expr.alias(name) for name, expr in columns] + [F.col(name) for name, _ in METADATA_COLUMNS]
         # Read anew on every attempt: after a conflict, the rows are the other writer's.
         self._committing_once(
             path,
             txn,
             "rewrite",
-            lambda: self._replace(path, self.read_path(path).select(*selected), keys, partitioning),
+            lambda: self._replace(path, rewritten_rows(self.read_path(path), columns), keys, partitioning),
         )
         self._columns.pop(path, None)
 
@@ -574,6 +574,13 @@ class IcebergSink(DeltaSink):
 
     def _computed_columns(self, path: str) -> frozenset[str]:
         return frozenset()  # Iceberg tables compute no column values
+
+    def rewrite_loses(self, database: str | None, schema: str | None, table: str) -> list[str]:
+        # Spark makes every column of a replacing table optional (it writes the rows' schema as nullable), so a
+        # required (NOT NULL) column of a table made by hand would lose it; Iceberg has no computed columns.
+        meta = {name for name, _ in METADATA_COLUMNS}
+        fields = self.read_path(self.table_path(database, schema, table)).schema.fields
+        return [f"NOT NULL of column {f.name}" for f in fields if not f.nullable and f.name not in meta]
 
     def _names_folders_at_creation(self, columns: Sequence[tuple[str, str]]) -> bool:
         return True
