@@ -335,6 +335,7 @@ def test_delta_tables_made_by_hand_with_default_columns_the_source_lacks_fill_th
     create("events", "id BIGINT, v STRING, src STRING DEFAULT 'erp', loaded_at TIMESTAMP DEFAULT current_timestamp()")
     spark.sql(f"UPDATE delta.`{sink.table_path('crm', None, 'events')}` SET src = 'legacy'")
     create("orders", "id BIGINT, v STRING, qty INT NOT NULL DEFAULT 1, sk BIGINT GENERATED ALWAYS AS IDENTITY")
+    create("notes", "id BIGINT, v STRING, src STRING DEFAULT 'erp'")  # no key: rows are matched on every column
     types = {"id": "bigint(20)", "v": "varchar(8)"}
     with_qty = {**types, "qty": "int(11)"}
     messages = [
@@ -349,15 +350,17 @@ def test_delta_tables_made_by_hand_with_default_columns_the_source_lacks_fill_th
             "INSERT", "orders", [{"id": "2", "v": "b", "qty": "5"}, {"id": "3", "v": "c", "qty": None}], with_qty
         ),
         row_message("UPDATE", "orders", [{"id": "9", "v": "i2"}], types, old=[{"v": "i"}]),
+        row_message("INSERT", "notes", [{"id": "1", "v": "a"}, {"id": "2", "v": "b"}], types, keys=[]),
         # Second batch: a rename of events' column (a rewrite), a drop of orders' column (not applied).
         ddl_message("events", "ALTER TABLE events RENAME COLUMN v TO note"),
         row_message("INSERT", "events", [{"id": "5", "note": "e"}], {"id": "bigint(20)", "note": "varchar(8)"}),
         ddl_message("orders", "ALTER TABLE orders DROP COLUMN v"),
         row_message("INSERT", "orders", [{"id": "4"}], {"id": "bigint(20)"}),
+        row_message("DELETE", "notes", [{"id": "1", "v": "a"}, {"id": "9", "v": "i"}], types, keys=[]),
     ]
     capture = tmp_path / "changes.jsonl"
     capture.write_text("\n".join(messages) + "\n", encoding="utf-8")
-    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], batch_lines=7)
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(capture)], batch_lines=8)
 
     events = sink.read("crm", "events")
     assert events.columns[:4] == ["id", "note", "src", "loaded_at"]
@@ -372,6 +375,8 @@ def test_delta_tables_made_by_hand_with_default_columns_the_source_lacks_fill_th
     assert [row[:3] for row in orders] == [(1, "a", 1), (2, "b", 5), (4, None, 1), (9, "i2", 1)]
     assert orders[-1][3] == 1
     assert len({row[3] for row in orders}) == 4
+    # A delete matches a key-less row on the columns its image has: the DEFAULT column is not one of them.
+    assert [(r["id"], r["v"], r["src"]) for r in sink.read("crm", "notes").collect()] == [(2, "b", "erp")]
     dead = sink.read_system("dead_letters")
     assert dead is not None
     assert sorted(r["reason"] for r in dead.collect()) == [
