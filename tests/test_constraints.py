@@ -254,7 +254,7 @@ def test_a_table_made_by_hand_with_its_own_timestamp_kinds_and_computed_columns_
     every MERGE failed (DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED, a generated column's NULL)."""
     from datetime import date, datetime
 
-    from tests.test_ddl import row_message
+    from tests.test_ddl import ddl_message, row_message
 
     lake = str(tmp_path / "lake")
     sink = lake_sink(spark, lake, table_format)
@@ -305,6 +305,17 @@ def test_a_table_made_by_hand_with_its_own_timestamp_kinds_and_computed_columns_
             (3, datetime(2024, 1, 3, 0, 15), datetime(2024, 1, 3, 0, 15), *((3, date(2024, 1, 3)) if delta else ())),
             (9, datetime(2024, 1, 2, 10, 0), datetime(2024, 1, 2, 10, 0), *((2, date(2024, 1, 2)) if delta else ())),
         ]
+    assert sink.read_system("dead_letters") is None
+    # A DDL statement that gives a column the other timestamp kind (MySQL TIMESTAMP is an instant) keeps the
+    # column's kind: its values are converted. It was a dead letter (the stored values would not be kept as they are).
+    ddl = ddl_message("events", "ALTER TABLE events MODIFY seen TIMESTAMP(3) NOT NULL")
+    (tmp_path / "ddl.jsonl").write_text(ddl + "\n", encoding="utf-8")
+    replay(spark, lake=lake, format_name="canal-json", paths=[str(tmp_path / "ddl.jsonl")], table_format=table_format)
+    changes = sink.read_system("schema_changes")
+    assert changes is not None
+    assert [r["outcome"] for r in changes.collect()] == [
+        "nothing to do: column seen keeps timestamp_ntz (timestamp values are converted)"
+    ]
     assert sink.read_system("dead_letters") is None
 
 

@@ -461,7 +461,13 @@ class SchemaEvolution:
                 f"cannot rename {name} to {new_name}: the lake table has a column {new_name}"
             )
         new_type, valueless = current_type, False
-        if kind == "modify_column" and change.spark_type is not None and change.spark_type != current_type:
+        # A column keeps its timestamp kind: which kind a source type maps to differs by format (Canal lands a MySQL
+        # DATETIME as timestamp_ntz, Debezium as timestamp, as the DDL does), so `MODIFY c DATETIME(6) NOT NULL`
+        # would otherwise refuse or rewrite a column for nothing. Values of the other kind are converted at UTC
+        # (Pipeline._in_lake_types).
+        kept_kind = change.spark_type is not None and model.converts_to(change.spark_type, current_type)
+        if kind == "modify_column" and change.spark_type not in (None, current_type) and not kept_kind:
+            assert change.spark_type is not None
             if not widened(current_type, change.spark_type):
                 if sink.column_has_values(*ident, name):
                     raise _IncompatibleChangeError(
@@ -471,6 +477,8 @@ class SchemaEvolution:
                 valueless = True
             new_type = change.spark_type
         if new_name == name and new_type == current_type:
+            if kept_kind:
+                return f"nothing to do: column {name} keeps {current_type} ({change.spark_type} values are converted)"
             return "nothing to do: column unchanged" + (
                 " (type has no exact Spark type)" if not change.spark_type else ""
             )
