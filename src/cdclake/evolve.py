@@ -171,6 +171,8 @@ class SchemaEvolution:
         # the messages of the batch's statements (those an earlier attempt at the batch may have recorded).
         self._helper_statements: list[tuple[SchemaEvent, tuple[SchemaChange, ...]]] = []
         self._batch_messages: set[tuple[Any, ...]] = set()
+        # (table id, column types) that reconcile_types left as they are and warned about, to warn once per process.
+        self._types_kept: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
     def policy_for(self, table: TableName) -> Policy:
         """The table's ``ddl.tables`` entry (name or pattern, the most specific wins), else the pipeline's policy."""
@@ -620,13 +622,16 @@ class SchemaEvolution:
                 continue
             if lost := self.sink.rewrite_loses(plan.database, plan.schema, plan.table):
                 # Values that do not fit the column's type are the misfit check's dead letters.
-                log.warning(
-                    "table %s: column types %s not changed: rewriting the lake table would lose what its owner "
-                    "declared (%s)",
-                    plan.table,
-                    changes,
-                    "; ".join(lost),
-                )
+                kept = (plan.table_id, tuple(sorted(changes.items())))
+                if kept not in self._types_kept:
+                    self._types_kept.add(kept)
+                    log.warning(
+                        "table %s: column types %s not changed: rewriting the lake table would lose what its owner "
+                        "declared (%s)",
+                        plan.table,
+                        changes,
+                        "; ".join(lost),
+                    )
                 continue
             log.info("table %s: column types %s", plan.table, changes)
             rewritten = [(n, _retyped(n, changes.get(n), n in valueless)) for n, _ in stored]
