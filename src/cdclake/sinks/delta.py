@@ -379,7 +379,8 @@ _COMPUTED_METADATA: Final = (_GENERATION_METADATA, _IDENTITY_METADATA)
 
 DEFAULT_METADATA: Final = "CURRENT_DEFAULT"
 """Column metadata key of a column's DEFAULT expression (Spark SQL text), as Spark keeps it in a table's schema
-(``ResolveDefaultColumns``) and Delta and Iceberg pass it on (:meth:`DeltaSink.column_defaults`)."""
+(``ResolveDefaultColumns``) and a Delta table's DataFrame keeps (:meth:`DeltaSink.column_defaults`; Iceberg's Spark
+catalog takes no DEFAULT here)."""
 
 
 def merge_statement(
@@ -429,7 +430,8 @@ def merge_statement(
     for name in match_on:
         i = index_of[name.lower()]
         same = f"t.{quote(name)} <=> s._c{i}"
-        matched_on.append(f"(NOT s._p{i} OR {same})" if name in defaults else same)
+        # Key columns are in every image (an image without one is a dead letter): only a whole-row match skips one.
+        matched_on.append(f"(NOT s._p{i} OR {same})" if name in defaults and not plan.key_columns else same)
     # The stored order as it compares now (apply.comparable_order: a NULL sequence_by value stored the old way).
     newer = f"s.{POSITION_COLUMN} >= coalesce({apply.comparable_order_sql(f't.{POSITION_COLUMN}')}, '')"
     update_set: dict[str, str] = {}
