@@ -1201,13 +1201,22 @@ class DeltaSink:
         self._declared_checks[path] = declared_checks(StructType(list(fields)), meta | self._computed[path])
         return self._columns[path]
 
+    def _stored_fields(self, path: str) -> list[dict[str, Any]] | None:
+        """The fields of the schema of the Delta table at ``path`` as Delta stores them (JSON objects: ``name``,
+        ``nullable``, ``metadata`` with what a DataFrame's schema drops, such as generation expressions), from its
+        cached snapshot (:meth:`_from_cached_metadata`); None when that cannot be read."""
+        fields: list[dict[str, Any]] | None = self._from_cached_metadata(
+            path, lambda metadata: json.loads(metadata.schema().json())["fields"]
+        )
+        return fields
+
     def _computed_columns(self, path: str) -> frozenset[str]:
         """The columns of the table at ``path`` whose values Delta computes: generated columns (``GENERATED ALWAYS
         AS (expr)``) and identity columns. Only a table made by hand has them. A MERGE that sets one fails whole
         (DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED; a generated column's value must be its expression's, and one
         the source lacks would be NULL), so cdclake's MERGEs leave them to Delta (:func:`merge_statement`). Read from
         Delta's snapshot: a DataFrame's schema does not carry this metadata."""
-        fields = self._from_cached_metadata(path, lambda metadata: json.loads(metadata.schema().json())["fields"])
+        fields = self._stored_fields(path)
         if fields is None:
             log.warning("%s: cannot read which columns Delta computes; cdclake's MERGEs set every column", path)
             return frozenset()
@@ -1228,7 +1237,7 @@ class DeltaSink:
         A DEFAULT is kept (the DataFrame's schema carries it), so are CHECK constraints (table properties). Tables
         cdclake creates declare none of these."""
         path = self.table_path(database, schema, table)
-        fields = self._from_cached_metadata(path, lambda metadata: json.loads(metadata.schema().json())["fields"])
+        fields = self._stored_fields(path)
         meta = {name for name, _ in METADATA_COLUMNS}
         lost = []
         for field_ in fields or []:
