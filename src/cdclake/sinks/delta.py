@@ -405,7 +405,7 @@ def merge_statement(
             an image may lack (the source table has no such column): a row inserted without one takes its DEFAULT, a
             row updated without one keeps its value, and a key-less row is matched on the other columns.
     """
-    defaults = {name: expression for name, expression in (defaults or {}).items() if name not in computed}
+    defaults = defaults or {}  # Delta allows no DEFAULT on a computed column
     image = F.col(apply.IMAGE)
     present = F.map_keys(image)
     source_columns: list[Column] = [
