@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cdclake.ddl import common_type, parse_ddl, spark_type_of, widened
+from cdclake.ddl import common_type, parse_ddl, spark_type_of, typed_as, widened
 from cdclake.devtools.verify import read_table
 from cdclake.evolve import SchemaChangeError
 from cdclake.runner import replay
+from tests.e2e.helpers import history_table
 
 # ------------------------------------------------------------------------------------------------------------------
 # Parsing (no Spark)
@@ -119,6 +120,36 @@ def test_types_map_only_when_lossless_and_widening_never_loses_values() -> None:
     assert common_type("bigint", {"string"}) is None
 
 
+def test_each_column_keeps_its_sql_type_as_spelled_for_a_format_to_type_it_its_own_way() -> None:
+    parsed = parse_ddl(
+        "ALTER TABLE t ADD COLUMN a INT(11) UNSIGNED, MODIFY b DATETIME(3) NOT NULL, CHANGE c d tinyint(1), ADD e time",
+        db_type="MySQL",
+        database="crm",
+        schema=None,
+    )
+    assert [(c.column, c.sql_type, c.spark_type) for c in parsed.changes] == [
+        ("a", "int(11) unsigned", "bigint"),
+        ("b", "datetime(3)", "timestamp"),
+        ("c", "tinyint(1)", "boolean"),
+        ("e", "time", None),
+    ]
+    # a format's rules replace the parser's types where they give one (a null: the parser's type stays)
+    typed = typed_as(parsed, {"datetime(3)": "timestamp_ntz", "tinyint(1)": None, "time": "string"})
+    assert [(c.column, c.spark_type) for c in typed.changes] == [
+        ("a", "bigint"),
+        ("b", "timestamp_ntz"),
+        ("c", "boolean"),
+        ("e", "string"),
+    ]
+    created = parse_ddl("CREATE TABLE t (id int primary key, seen datetime)", db_type=None, database="x", schema=None)
+    assert created.changes[0].column_sql_types == ("int", "datetime")
+    typed = typed_as(created, {"int": "bigint", "datetime": "timestamp_ntz"})
+    assert typed.changes[0].columns == (("id", "bigint"), ("seen", "timestamp_ntz"))
+    assert typed.changes[0].key_columns == ("id",)
+    oracle = parse_ddl('ALTER TABLE "T" MODIFY (c NUMBER(10,2), d DATE)', db_type="Oracle", database=None, schema="S")
+    assert [(c.column, c.sql_type) for c in oracle.changes] == [("C", "number(10, 2)"), ("D", "date")]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Applied to Delta
 
@@ -210,7 +241,7 @@ def scenario() -> list[str]:
         ddl_message("scratch", "CREATE TABLE scratch (id bigint primary key, flag tinyint(1), born date)", "CREATE"),
         ddl_message("scratch", "DROP TABLE scratch", "ERASE"),
         # created again with another definition: the empty lake table takes it (columns, types, key), even types that
-        # Spark does not cast to (date -> int)
+        # Spark does not cast to (date -> bigint)
         ddl_message(
             "scratch",
             "CREATE TABLE scratch (code varchar(8), flag varchar(5), born int, PRIMARY KEY (code))",
@@ -224,7 +255,7 @@ def scenario() -> list[str]:
             keys=["code"],
         ),
         ddl_message("client", "CREATE TABLE IF NOT EXISTS client (id bigint primary key)", "CREATE"),
-        # A column without values takes any type, also one Spark does not cast to: date -> int by DDL, then int ->
+        # A column without values takes any type, also one Spark does not cast to: date -> bigint by DDL, then bigint ->
         # date declared by the data.
         ddl_message("client", "ALTER TABLE client ADD COLUMN since date"),
         ddl_message("client", "ALTER TABLE client MODIFY COLUMN since int"),
@@ -279,7 +310,7 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     assert [(n, t) for n, t in scratch.dtypes if not n.startswith("_cdc_")] == [
         ("code", "string"),
         ("flag", "string"),
-        ("born", "int"),
+        ("born", "bigint"),  # Canal lands every MySQL integer as bigint, DDL columns too
     ]
     properties = dict(spark.sql(f"SHOW TBLPROPERTIES delta.`{lake}/crm/scratch`").collect())
     assert properties["cdclake.keyColumns"] == "code"
@@ -299,9 +330,9 @@ def test_ddl_applies_at_its_position_in_the_stream(spark, tmp_path: Path, batch_
     created = [r for r in changes if r["ddl"].startswith("CREATE TABLE scratch")]
     assert [r["outcome"] for r in created] == [
         "applied: table created",
-        "applied: the empty lake table takes the new definition (code string, flag string, born int; key code)",
+        "applied: the empty lake table takes the new definition (code string, flag string, born bigint; key code)",
     ]
-    assert outcomes["ALTER TABLE client MODIFY COLUMN since int"] == "applied: column since date -> int"
+    assert outcomes["ALTER TABLE client MODIFY COLUMN since int"] == "applied: column since date -> bigint"
     assert schema["since"] == "date"
     assert outcomes["CREATE TABLE IF NOT EXISTS client (id bigint primary key)"] == "nothing to do: table exists"
     reasons = sorted(r["reason"] for r in spark.read.format("delta").load(f"{lake}/_cdclake/dead_letters").collect())
@@ -394,3 +425,153 @@ def test_ddl_applies_at_its_log_position_in_tables_ordered_by_a_column(spark, tm
     assert len(reasons) == 2, reasons
     assert reasons[0].startswith("DDL not applied: DDL syntax not understood")
     assert reasons[1].startswith("DDL not applied: column tier: string -> bigint would not keep stored values")
+
+
+# MySQL column types as Canal's mysqlType spells them, with a value of each.
+CANAL_COLUMNS: dict[str, tuple[str, str]] = {
+    "c_int": ("int(11)", "5"),
+    "c_uint": ("int(10) unsigned", "4000000000"),
+    "c_tiny": ("tinyint(4)", "-3"),
+    "c_flag": ("tinyint(1)", "1"),
+    "c_small": ("smallint(6)", "300"),
+    "c_medium": ("mediumint(8) unsigned", "16000000"),
+    "c_ubig": ("bigint(20) unsigned", "18446744073709551615"),
+    "c_dec": ("decimal(10,2)", "12.34"),
+    "c_float": ("float", "1.5"),
+    "c_double": ("double", "2.25"),
+    "c_bit": ("bit(1)", "1"),
+    "c_date": ("date", "2024-01-02"),
+    "c_dt": ("datetime(3)", "2024-01-02 10:00:00.123"),
+    "c_ts": ("timestamp(6)", "2024-01-02 10:00:00.123456"),
+    "c_time": ("time", "10:11:12"),
+    "c_year": ("year(4)", "2024"),
+    "c_text": ("varchar(16)", "x"),
+    "c_json": ("json", '{"a": 1}'),
+    "c_enum": ("enum('a','b')", "a"),
+    "c_blob": ("blob", "ab"),
+}
+
+
+@pytest.mark.spark
+def test_columns_that_canal_ddl_declares_are_typed_as_canal_data_types_them(spark, tmp_path: Path) -> None:
+    """Canal lands every MySQL integer as bigint, a DATETIME as timestamp_ntz, a FLOAT as double, BIT as bigint. Typed
+    by the DDL parser (int, timestamp, float, boolean), a column that CREATE TABLE or ADD COLUMN declared was retyped
+    by its first values, a rewrite of the whole table, and a MODIFY that keeps the source type (to add NOT NULL) was
+    a dead letter on a column that data had made bigint. The DDL's columns now take the format's own types."""
+    first = dict(list(CANAL_COLUMNS.items())[:10])
+    added = dict(list(CANAL_COLUMNS.items())[10:])
+    first_types = {"id": "bigint(20)", **{name: t for name, (t, _) in first.items()}}
+    all_types = {**first_types, **{name: t for name, (t, _) in added.items()}}
+    first_row = {"id": "1", **{name: v for name, (_, v) in first.items()}}
+    second_row = {"id": "2", **{name: v for name, (_, v) in CANAL_COLUMNS.items()}}
+    rows = [
+        row_message("INSERT", "customer", [first_row], first_types),
+        row_message("INSERT", "customer", [second_row], all_types),
+        row_message("UPDATE", "customer", [{**second_row, "c_int": "6"}], all_types, old=[{"c_int": "5"}]),
+    ]
+    definitions = ", ".join(f"{name} {t}" for name, t in first_types.items())
+    create = f"CREATE TABLE customer ({definitions}, PRIMARY KEY (id))"
+    statements = [
+        ddl_message("customer", create, "CREATE"),
+        ddl_message(
+            "customer", "ALTER TABLE customer " + ", ".join(f"ADD COLUMN {n} {t}" for n, (t, _) in added.items())
+        ),
+        ddl_message("customer", "ALTER TABLE customer MODIFY COLUMN c_int int(11) NOT NULL"),
+        ddl_message("customer", "ALTER TABLE customer MODIFY COLUMN c_dt datetime(3) NOT NULL"),
+    ]
+    by_ddl = [statements[0], rows[0], statements[1], rows[1], statements[2], statements[3], rows[2]]
+    lakes = {}
+    for name, messages in {"by_ddl": by_ddl, "by_data": rows}.items():
+        capture = tmp_path / f"{name}.jsonl"
+        capture.write_text("".join(line + "\n" for line in messages), encoding="utf-8")
+        lakes[name] = str(tmp_path / name)
+        replay(spark, lake=lakes[name], format_name="canal-json", paths=[str(capture)], batch_lines=1)
+
+    def user_types(lake: str) -> dict[str, str]:
+        frame = spark.read.format("delta").load(f"{lake}/crm/customer")
+        return {n: t for n, t in frame.dtypes if not n.startswith("_cdc_")}
+
+    assert user_types(lakes["by_ddl"]) == user_types(lakes["by_data"])
+    assert user_types(lakes["by_ddl"])["c_dt"] == "timestamp_ntz"
+    assert user_types(lakes["by_ddl"])["c_int"] == "bigint"
+
+    def rows(lake: str) -> list[dict[str, Any]]:
+        frame = spark.read.format("delta").load(f"{lake}/crm/customer")
+        return sorted((r.asDict() for r in frame.select(*user_types(lake)).collect()), key=lambda r: r["id"])
+
+    assert rows(lakes["by_ddl"]) == rows(lakes["by_data"])
+    assert rows(lakes["by_ddl"])[1]["c_dt"] == datetime(2024, 1, 2, 10, 0, 0, 123000)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{lakes['by_ddl']}/crm/customer`").collect()
+    overwrites = [r["operation"] for r in history if (r["operationParameters"] or {}).get("mode") == "Overwrite"]
+    print("LAKE", lakes["by_ddl"])
+    assert overwrites == []  # no rewrite of the table
+    changes = spark.read.format("delta").load(f"{lakes['by_ddl']}/_cdclake/schema_changes").collect()
+    outcomes = {r["ddl"]: r["outcome"] for r in changes}
+    assert outcomes[create] == "applied: table created"
+    assert outcomes["ALTER TABLE customer MODIFY COLUMN c_int int(11) NOT NULL"] == "nothing to do: column unchanged"
+    assert outcomes["ALTER TABLE customer MODIFY COLUMN c_dt datetime(3) NOT NULL"] == (
+        "nothing to do: column unchanged"
+    )
+    dead_letters = Path(lakes["by_ddl"]) / "_cdclake" / "dead_letters"
+    assert not dead_letters.exists() or spark.read.format("delta").load(str(dead_letters)).count() == 0
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_datetime_column_the_source_adds_lands_in_the_lake_and_history_tables(
+    spark, tmp_path: Path, table_format: str
+) -> None:
+    """Canal lands a MySQL DATETIME as timestamp_ntz. Delta refuses to add such a column to a table created without
+    one unless the table has its timestampNtz feature (DELTA_FEATURES_REQUIRE_MANUAL_ENABLEMENT): the batch failed on
+    every restart, whether the column came with data or with ADD COLUMN, and so did the history tables' columns."""
+    types = {"id": "bigint(20)", "name": "varchar(8)"}
+    with_seen = {**types, "seen": "datetime(3)"}
+    lines = [
+        row_message("INSERT", "customer", [{"id": "1", "name": "a"}, {"id": "2", "name": "b"}], types),
+        row_message("INSERT", "customer", [{"id": "3", "name": "c", "seen": "2024-01-02 10:00:00.5"}], with_seen),
+        row_message("INSERT", "orders", [{"id": "1", "name": "x"}], types),
+        ddl_message("orders", "ALTER TABLE orders ADD COLUMN seen datetime(3)"),
+        row_message(
+            "UPDATE",
+            "orders",
+            [{"id": "1", "name": "x", "seen": "2024-01-03 11:00:00"}],
+            {**types, "seen": "datetime(3)"},
+            old=[{"seen": None}],
+        ),
+    ]
+    # a column that holds no value yet takes the type the data declares: here by a rewrite of the table
+    lines += [
+        row_message("INSERT", "events", [{"id": "1", "name": "x", "seen": None}], {**types, "seen": "timestamp"}),
+        row_message("INSERT", "events", [{"id": "2", "name": "y", "seen": "2024-01-04 12:00:00"}], with_seen),
+    ]
+    capture = tmp_path / "capture.jsonl"
+    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    lake = str(tmp_path / "lake")
+    replay(
+        spark,
+        lake=lake,
+        format_name="canal-json",
+        paths=[str(capture)],
+        batch_lines=1,
+        changelog=True,
+        scd2=True,
+        table_format=table_format,  # type: ignore[arg-type]
+    )
+    reader = spark.read.format(table_format)
+    customer = reader.load(f"{lake}/crm/customer")
+    assert dict(customer.dtypes)["seen"] == "timestamp_ntz"
+    assert sorted((r["id"], r["seen"]) for r in customer.collect()) == [
+        (1, None),
+        (2, None),
+        (3, datetime(2024, 1, 2, 10, 0, 0, 500000)),
+    ]
+    orders = reader.load(f"{lake}/crm/orders").collect()
+    assert [(r["id"], r["seen"]) for r in orders] == [(1, datetime(2024, 1, 3, 11, 0))]
+    events = reader.load(f"{lake}/crm/events")
+    assert dict(events.dtypes)["seen"] == "timestamp_ntz"
+    assert sorted((r["id"], r["seen"]) for r in events.collect()) == [(1, None), (2, datetime(2024, 1, 4, 12, 0))]
+    for table, seen in (("customer", datetime(2024, 1, 2, 10, 0, 0, 500000)), ("orders", datetime(2024, 1, 3, 11, 0))):
+        for kind in ("changelog", "scd2"):
+            history = history_table(spark, lake, kind, "crm", table, table_format)  # type: ignore[arg-type]
+            assert history is not None
+            assert seen in [r["seen"] for r in history.collect()], (table, kind)

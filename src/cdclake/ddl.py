@@ -30,9 +30,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import sqlglot
@@ -76,6 +76,9 @@ class SchemaChange:
         key_columns: ``create_table``: the statement's primary key (column or table constraint), when every one
             of its columns has a Spark type; else empty.
         if_not_exists: ``create_table``: ``CREATE TABLE IF NOT EXISTS`` (an existing table is left as it is).
+        sql_type: ``add_column`` / ``modify_column``: the column's SQL type as the source's dialect spells it
+            (``int(11) unsigned``), which a format may type its own way (:func:`typed_as`).
+        column_sql_types: ``create_table``: the SQL type of each of ``columns``, likewise.
     """
 
     kind: ChangeKind
@@ -88,6 +91,8 @@ class SchemaChange:
     like: TableName | None = None
     key_columns: tuple[str, ...] = ()
     if_not_exists: bool = False
+    sql_type: str | None = None
+    column_sql_types: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,13 @@ class _Names:
             return name.lower()
         return name
 
+    def sql_type(self, kind: exp.Expression | None) -> str | None:
+        """A column type as the statement's dialect spells it, lower case (``decimal(10, 2)``, ``int(11) unsigned``
+        in MySQL's)."""
+        if not isinstance(kind, exp.DataType):
+            return None
+        return kind.sql(dialect=self.dialect).lower()
+
     def table(self, node: exp.Expression) -> TableName:
         if isinstance(node, exp.Schema):
             node = node.this
@@ -271,7 +283,13 @@ def _alter(statement: exp.Alter, names: _Names) -> ParsedDdl:
 def _alter_action(action: exp.Expression, table: TableName, names: _Names) -> SchemaChange | str | None:
     """One ALTER TABLE action -> a change; ``None`` for actions that change no column; text for an error."""
     if isinstance(action, exp.ColumnDef):
-        return SchemaChange("add_column", table, names.identifier(action), spark_type=spark_type_of(action.kind))
+        return SchemaChange(
+            "add_column",
+            table,
+            names.identifier(action),
+            spark_type=spark_type_of(action.kind),
+            sql_type=names.sql_type(action.kind),
+        )
     if isinstance(action, exp.Drop):
         if (action.args.get("kind") or "").upper() != "COLUMN":
             return None  # DROP INDEX / CONSTRAINT / PRIMARY KEY
@@ -294,12 +312,19 @@ def _alter_action(action: exp.Expression, table: TableName, names: _Names) -> Sc
             column,
             new_name=new_name if new_name != column else None,
             spark_type=spark_type_of(definition.kind),
+            sql_type=names.sql_type(definition.kind),
         )
     if isinstance(action, exp.AlterColumn):
         dtype = action.args.get("dtype")
         if dtype is None:
             return None  # SET DEFAULT / DROP NOT NULL / COMMENT: no change of the lake column
-        return SchemaChange("modify_column", table, names.identifier(action.this), spark_type=spark_type_of(dtype))
+        return SchemaChange(
+            "modify_column",
+            table,
+            names.identifier(action.this),
+            spark_type=spark_type_of(dtype),
+            sql_type=names.sql_type(dtype),
+        )
     if isinstance(action, exp.AlterRename):
         return SchemaChange("rename_table", table, new_table=names.table(action.this))
     return None
@@ -328,6 +353,7 @@ def _create(statement: exp.Create, names: _Names) -> ParsedDdl:
         columns=columns,
         key_columns=_primary_key(schema, definitions, columns, names),
         if_not_exists=if_not_exists,
+        column_sql_types=tuple(names.sql_type(c.kind) for c in definitions),
     )
     return ParsedDdl((change,))
 
@@ -376,7 +402,10 @@ def _oracle_modify(table_text: str, definitions: str, names: _Names) -> ParsedDd
         return ParsedDdl(error=parsed.error or "MODIFY without column definitions")
     created = parsed.changes[0]
     return ParsedDdl(
-        tuple(SchemaChange("modify_column", created.table, name, spark_type=t) for name, t in created.columns)
+        tuple(
+            SchemaChange("modify_column", created.table, name, spark_type=t, sql_type=sql_type)
+            for (name, t), sql_type in zip(created.columns, created.column_sql_types, strict=True)
+        )
     )
 
 
@@ -454,6 +483,33 @@ def spark_type_of(kind: exp.Expression | None) -> str | None:
     if this in _BINARY:
         return "binary"
     return _SIMPLE.get(this)
+
+
+def sql_types_of(parsed: ParsedDdl) -> set[str]:
+    """The SQL types (as :attr:`SchemaChange.sql_type` spells them) that the changes of ``parsed`` give columns."""
+    spelled = [c.sql_type for c in parsed.changes] + [t for c in parsed.changes for t in c.column_sql_types]
+    return {t for t in spelled if t is not None}
+
+
+def typed_as(parsed: ParsedDdl, spark_types: Mapping[str, str | None]) -> ParsedDdl:
+    """``parsed`` with the Spark type that ``spark_types`` (SQL type as spelled -> Spark type: how a format types the
+    columns of its data, ``CdcFormat.ddl_types``) gives each column, where it gives one; the parser's elsewhere."""
+
+    def typed(sql_type: str | None, parser_type: str | None) -> str | None:
+        return (spark_types.get(sql_type) if sql_type is not None else None) or parser_type
+
+    changes = tuple(
+        replace(
+            change,
+            spark_type=typed(change.sql_type, change.spark_type),
+            columns=tuple(
+                (name, typed(sql_type, parser_type))
+                for (name, parser_type), sql_type in zip(change.columns, change.column_sql_types, strict=True)
+            ),
+        )
+        for change in parsed.changes
+    )
+    return replace(parsed, changes=changes)
 
 
 _INTEGERS = ("tinyint", "smallint", "int", "bigint")

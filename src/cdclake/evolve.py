@@ -43,8 +43,19 @@ from pyspark.sql import functions as F
 
 from cdclake import apply, model
 from cdclake.constraints import columns_used
-from cdclake.ddl import ParsedDdl, SchemaChange, TableName, common_type, invalid_name, parse_ddl, widened
-from cdclake.exceptions import TerminalError
+from cdclake.ddl import (
+    ParsedDdl,
+    SchemaChange,
+    TableName,
+    common_type,
+    invalid_name,
+    parse_ddl,
+    sql_types_of,
+    typed_as,
+    widened,
+)
+from cdclake.exceptions import TerminalError, UnknownFormatError
+from cdclake.formats import CdcFormat, get_format
 from cdclake.model import Op, quote
 from cdclake.sinks.delta import DeltaSink, Txn
 from cdclake.spark import valueless_as
@@ -86,6 +97,16 @@ class SchemaEvent:
         return self.parsed.changes if self.parsed is not None and self.dead_letter is None else ()
 
 
+def _format_named(name: str | None) -> CdcFormat | None:
+    """The registered format an event names; None for none or a name no format has."""
+    if not name:
+        return None
+    try:
+        return get_format(name)
+    except UnknownFormatError:
+        return None
+
+
 def _ident(name: TableName) -> tuple[str | None, str | None, str]:
     return name.database, name.schema, name.table
 
@@ -116,6 +137,7 @@ def schema_events(frame: DataFrame) -> list[SchemaEvent]:
         model.VENDOR_OP,
         model.DDL,
         model.DB_TYPE,
+        model.FORMAT,
         model.POSITION,
         model.EVENT_TIME,
         model.TOPIC,
@@ -173,6 +195,8 @@ class SchemaEvolution:
         self._batch_messages: set[tuple[Any, ...]] = set()
         # (table id, column types) that reconcile_types left as they are and warned about, to warn once per process.
         self._types_kept: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        # (format, SQL type as a statement spells it) -> the Spark type the format gives such a column (_parse).
+        self._format_types: dict[tuple[str, str], str | None] = {}
 
     def policy_for(self, table: TableName) -> Policy:
         """The table's ``ddl.tables`` entry (name or pattern, the most specific wins), else the pipeline's policy."""
@@ -193,13 +217,41 @@ class SchemaEvolution:
                 event.outcome = "; ".join([*event.notes, *([event.outcome] if event.outcome else [])])
         return events
 
+    def _parse(
+        self, text: str, *, format_name: str | None, db_type: str | None, database: str | None, schema: str | None
+    ) -> ParsedDdl:
+        """:func:`parse_ddl`, with the columns typed as the event's format types the columns of its data
+        (``CdcFormat.ddl_types``) where it has rules of its own. Canal lands every MySQL integer as ``bigint`` and a
+        DATETIME as ``timestamp_ntz``: typed by the parser (``int``, ``timestamp``), a column that ``ADD COLUMN``
+        created was rewritten with the whole table by its first values, and ``MODIFY qty INT NOT NULL`` on a column
+        that data had made ``bigint`` was a dead letter. The format's rules are Spark expressions: one small job
+        per batch for the SQL types not seen before."""
+        fmt = _format_named(format_name)
+        db_type = db_type or (fmt.ddl_dialect if fmt is not None else None)
+        parsed = parse_ddl(text, db_type=db_type, database=database, schema=schema)
+        rules = fmt.ddl_types if fmt is not None else None
+        if parsed.error is not None or rules is None or format_name is None:
+            return parsed
+        spelled = sql_types_of(parsed)
+        unseen = sorted(t for t in spelled if (format_name, t) not in self._format_types)
+        if unseen:
+            literal = F.create_map(*(F.lit(part) for sql_type in unseen for part in (sql_type, sql_type)))
+            typed = self.sink.spark.range(1).select(rules(literal).alias("types")).head()
+            found = typed["types"] if typed is not None else {}
+            self._format_types.update(((format_name, t), found.get(t)) for t in unseen)
+        return typed_as(parsed, {t: self._format_types[(format_name, t)] for t in spelled})
+
     def _classify(self, event: SchemaEvent) -> None:
         row = event.row
         if row[model.OP] == Op.TRUNCATE or not row[model.DDL]:
             event.outcome = "applied: truncate" if row[model.OP] == Op.TRUNCATE else "recorded"
             return
-        event.parsed = parse_ddl(
-            row[model.DDL], db_type=row[model.DB_TYPE], database=row[model.DATABASE], schema=row[model.SCHEMA]
+        event.parsed = self._parse(
+            row[model.DDL],
+            format_name=row[model.FORMAT],
+            db_type=row[model.DB_TYPE],
+            database=row[model.DATABASE],
+            schema=row[model.SCHEMA],
         )
         parsed = event.parsed
         statement_table = TableName(row[model.DATABASE], row[model.SCHEMA], row[model.TABLE] or "")
@@ -306,8 +358,9 @@ class SchemaEvolution:
                 if tuple(row[c] for c in model.MESSAGE_COORDINATES) in self._batch_messages:
                     continue  # this batch's, recorded by an earlier attempt at it
                 statements.append(
-                    parse_ddl(
+                    self._parse(
                         row[model.DDL],
+                        format_name=cut_over.row[model.FORMAT],
                         db_type=cut_over.row[model.DB_TYPE],
                         database=row[model.DATABASE],
                         schema=row[model.SCHEMA],

@@ -182,6 +182,15 @@ class CdcFormat:
         reads_batch_to_plan: ``decode`` collects something from the batch's messages (one small Spark job: the
             schema ids of ``debezium-avro``) to build its plan, and reuses plans itself
             (``_plans.decode_with_batch_inputs_reusing_plan``), so :func:`decode_batch` calls it as it is.
+        ddl_types: for a format whose messages carry DDL text and type their columns by SQL type names: a map of
+            SQL types as the DDL's dialect spells them (``int(11) unsigned``, ``datetime(3)``) -> the Spark types its
+            decoder gives columns of those types (null for a type it does not know), the same Spark expressions.
+            A column that DDL creates then has the type the format's data brings: its first values do not retype
+            it (a rewrite of the whole table) and a ``MODIFY`` that keeps the source type changes nothing. None: the
+            DDL parser's own types (:func:`cdclake.ddl.spark_type_of`).
+        ddl_dialect: the database type whose SQL the format's DDL text is in when a message names none (the Canal
+            family's is MySQL's binlog: its ``TIMESTAMP`` is an instant, a ``DATETIME`` a wall clock, as
+            ``ddl_types`` reads them); None: the parser tries its generic dialect first, then MySQL's.
     """
 
     name: str
@@ -197,6 +206,8 @@ class CdcFormat:
     metadata: MetadataSupport | None = None
     batch_step: Callable[[DataFrame], DataFrame] | None = None
     reads_batch_to_plan: bool = False
+    ddl_types: Callable[[Column], Column] | None = None
+    ddl_dialect: str | None = None
 
 
 def decode_batch(fmt: CdcFormat, messages: DataFrame, options: FormatOptions) -> DataFrame:

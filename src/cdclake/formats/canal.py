@@ -627,6 +627,7 @@ def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) ->
     """Registers one dialect (the Canal family has no sniff rule: README "Recognition")."""
     options = {TIMEZONE_OPTION: "zone of TIMESTAMP values rendered as wall-clock text (default UTC)"}
     options.update(dialect.options)
+    mysql = dialect.types == "mysql"
     return register(
         CdcFormat(
             name=dialect.name,
@@ -638,6 +639,8 @@ def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) ->
             validate_options=functools.partial(_check_options, dialect),
             sniff=None,
             examples=examples,
+            ddl_types=functools.partial(mysql_spark_types, bit_type=dialect.bit_type) if mysql else None,
+            ddl_dialect="MySQL" if mysql else None,
         )
     )
 

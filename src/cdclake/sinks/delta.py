@@ -41,7 +41,15 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, _parse_datatype_string
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    MapType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    _parse_datatype_string,
+)
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -547,6 +555,13 @@ def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str
 
     held = {folded(k): v for k, v in stored.items()}
     return {k: v for k, v in wanted.items() if held.get(folded(k)) != v}
+
+
+def holds_timestamp_ntz(data_type: DataType) -> bool:
+    """Whether ``data_type`` holds ``timestamp_ntz`` values (in a struct's field too)."""
+    if isinstance(data_type, StructType):
+        return any(holds_timestamp_ntz(f.dataType) for f in data_type.fields)
+    return isinstance(data_type, TimestampNTZType)
 
 
 def metadata_columns_to_add(path: str, existing: Collection[str]) -> list[tuple[str, str]]:
@@ -1286,7 +1301,7 @@ class DeltaSink:
             writer.save(path)
 
         new_schema = rewritten_rows(self.spark.read.format("delta").load(path), columns).schema
-        self.allow_column_names(path, new_schema)
+        self.allow_columns(path, new_schema)
         self._unlist_statistics_of_changed(database, schema, table, new_schema, current)
         self._committing(path, "rewrite", save)
         self._columns.pop(path, None)
@@ -1389,7 +1404,7 @@ class DeltaSink:
         target_path = self.table_path(*target)
         # The target keeps its partitioning (created for the new name: ensure_table).
         kept = on_columns(self._partitioning(target_path), rows.columns)
-        self.allow_column_names(target_path, rows.schema)
+        self.allow_columns(target_path, rows.schema)
         writer = _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true")
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
@@ -1440,7 +1455,7 @@ class DeltaSink:
         # Identifiers are validated (decoder or cdclake.ddl) and quoted here; the statement is built, never taken
         # from a message.
         listed = ", ".join(f"{quote(name)} {t}" for name, t in columns)
-        self.allow_column_names(path, [name for name, _ in columns])
+        self.allow_columns(path, StructType([StructField(n, _parse_datatype_string(t)) for n, t in columns]))
         try:
             self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
         except AnalysisException as exc:  # a concurrent run added them first
@@ -1754,19 +1769,29 @@ class DeltaSink:
             ENABLE_DELETION_VECTORS: self.deletion_vectors_at_creation,
         }
 
-    def allow_column_names(self, path: str, schema: DataType | Iterable[str]) -> None:
-        """Switches column mapping on for the existing table at ``path`` before a write gives it the columns of
-        ``schema`` (a schema or column names), when their names need it (:func:`needs_column_mapping`) and the table
-        has none yet. One commit, kept by later overwrites; Delta upgrades the table's protocol with it."""
-        if not needs_column_mapping(schema) or self._properties(path).get(COLUMN_MAPPING_MODE, "none") != "none":
-            return
-        log.info("%s: column mapping switched on, for column names Delta stores only with it", path)
-        self._set_properties(path, {COLUMN_MAPPING_MODE: "name"})
+    def allow_columns(self, path: str, schema: StructType) -> None:
+        """Prepares the existing table at ``path`` for a write that gives it the columns of ``schema``: one commit each
+        for what it lacks, kept by later overwrites (Delta upgrades the table's protocol with them).
+
+        * Column mapping, when their names need it (:func:`needs_column_mapping`) and the table has none yet.
+        * Delta's ``timestampNtz`` feature, when a column holds ``timestamp_ntz`` values. Delta gives it by itself to
+          a table created with such a column, but refuses to add one to a table without it, by ``ADD COLUMNS`` or by
+          an overwrite (``DELTA_FEATURES_REQUIRE_MANUAL_ENABLEMENT``): a MySQL DATETIME column that a source added,
+          which Canal, DTS, DRS and Qlik land as ``timestamp_ntz``, failed the batch on every restart.
+        """
+        if needs_column_mapping(schema) and self._properties(path).get(COLUMN_MAPPING_MODE, "none") == "none":
+            log.info("%s: column mapping switched on, for column names Delta stores only with it", path)
+            self._set_properties(path, {COLUMN_MAPPING_MODE: "name"})
+        if holds_timestamp_ntz(schema):
+            detail = self.spark.sql(f"DESCRIBE DETAIL delta.{quote(path)}").head()
+            if detail is not None and "timestampNtz" not in (detail["tableFeatures"] or []):
+                log.info("%s: Delta's timestampNtz table feature switched on, for a timestamp_ntz column", path)
+                self._set_properties(path, {"delta.feature.timestampNtz": "supported"})
 
     def add_history_columns(self, path: str, listed: str) -> None:
         """``ALTER TABLE ... ADD COLUMNS (<listed>)`` on the table at ``path``; ``listed`` is built by the caller from
         quoted names and cdclake's types, never taken from a message (the caller has called
-        :meth:`allow_column_names` for them)."""
+        :meth:`allow_columns` for them)."""
         try:
             self.spark.sql(f"ALTER TABLE delta.{quote(path)} ADD COLUMNS ({listed})")
         except AnalysisException as exc:  # a concurrent run added them first
@@ -1777,7 +1802,7 @@ class DeltaSink:
         """Replaces the table at ``path`` with ``rows`` and their schema, keeping its properties and partitioning: one
         commit."""
         kept = on_columns(self._partitioning(path), rows.columns)
-        self.allow_column_names(path, rows.schema)
+        self.allow_columns(path, rows.schema)
         _partitioned(rows.write.format("delta").mode("overwrite"), kept).option("overwriteSchema", "true").save(path)
 
     # ---------------------------------------------------------------------------------------------------------

@@ -421,7 +421,7 @@ class HistorySink:
             assert schema is not None
         missing = _missing(schema, wanted)
         if missing:
-            self.sink.allow_column_names(path, wanted)
+            self.sink.allow_columns(path, wanted)
             # Names come from the lake table (validated by the decoder) and are quoted; nothing is taken from a message.
             self.sink.add_history_columns(
                 path, ", ".join(f"{name} {_ddl_type(data_type)}" for name, data_type in missing)

@@ -30,7 +30,7 @@ import logging
 import re
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -41,7 +41,7 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import StructType
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -707,8 +707,9 @@ class IcebergSink(DeltaSink):
         del statistics
         return {**TABLE_PROPERTIES, **properties}
 
-    def allow_column_names(self, path: str, schema: DataType | Iterable[str]) -> None:
-        """Nothing to do: Iceberg tables keep any column name (they name columns by field id)."""
+    def allow_columns(self, path: str, schema: StructType) -> None:
+        """Nothing to do: Iceberg tables keep any column name (they name columns by field id), and any of cdclake's
+        types without a table feature."""
 
     def add_history_columns(self, path: str, listed: str) -> None:
         self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({listed})")
