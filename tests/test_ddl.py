@@ -19,7 +19,7 @@ from cdclake.ddl import common_type, parse_ddl, spark_type_of, typed_as, widened
 from cdclake.devtools.verify import read_table
 from cdclake.evolve import SchemaChangeError
 from cdclake.runner import replay
-from tests.e2e.helpers import history_table
+from tests.e2e.helpers import history_table, replay_lines
 
 # ------------------------------------------------------------------------------------------------------------------
 # Parsing (no Spark)
@@ -482,10 +482,9 @@ def test_columns_that_canal_ddl_declares_are_typed_as_canal_data_types_them(spar
     by_ddl = [statements[0], rows[0], statements[1], rows[1], statements[2], statements[3], rows[2]]
     lakes = {}
     for name, messages in {"by_ddl": by_ddl, "by_data": rows}.items():
-        capture = tmp_path / f"{name}.jsonl"
-        capture.write_text("".join(line + "\n" for line in messages), encoding="utf-8")
-        lakes[name] = str(tmp_path / name)
-        replay(spark, lake=lakes[name], format_name="canal-json", paths=[str(capture)], batch_lines=1)
+        (tmp_path / name).mkdir()
+        assert replay_lines(spark, tmp_path / name, name, messages, "canal-json", batch_lines=1) == 0
+        lakes[name] = str(tmp_path / name / "lake")
 
     def user_types(lake: str) -> dict[str, str]:
         frame = spark.read.format("delta").load(f"{lake}/crm/customer")
@@ -512,8 +511,6 @@ def test_columns_that_canal_ddl_declares_are_typed_as_canal_data_types_them(spar
     assert outcomes["ALTER TABLE customer MODIFY COLUMN c_dt datetime(3) NOT NULL"] == (
         "nothing to do: column unchanged"
     )
-    dead_letters = Path(lakes["by_ddl"]) / "_cdclake" / "dead_letters"
-    assert not dead_letters.exists() or spark.read.format("delta").load(str(dead_letters)).count() == 0
 
 
 @pytest.mark.spark
@@ -544,19 +541,19 @@ def test_a_datetime_column_the_source_adds_lands_in_the_lake_and_history_tables(
         row_message("INSERT", "events", [{"id": "1", "name": "x", "seen": None}], {**types, "seen": "timestamp"}),
         row_message("INSERT", "events", [{"id": "2", "name": "y", "seen": "2024-01-04 12:00:00"}], with_seen),
     ]
-    capture = tmp_path / "capture.jsonl"
-    capture.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    lake = str(tmp_path / "lake")
-    replay(
+    dead_letters = replay_lines(
         spark,
-        lake=lake,
-        format_name="canal-json",
-        paths=[str(capture)],
+        tmp_path,
+        "capture",
+        lines,
+        "canal-json",
         batch_lines=1,
         changelog=True,
         scd2=True,
-        table_format=table_format,  # type: ignore[arg-type]
+        table_format=table_format,
     )
+    assert dead_letters == 0
+    lake = str(tmp_path / "lake")
     reader = spark.read.format(table_format)
     customer = reader.load(f"{lake}/crm/customer")
     assert dict(customer.dtypes)["seen"] == "timestamp_ntz"
