@@ -494,15 +494,14 @@ def test_columns_that_canal_ddl_declares_are_typed_as_canal_data_types_them(spar
     assert user_types(lakes["by_ddl"])["c_dt"] == "timestamp_ntz"
     assert user_types(lakes["by_ddl"])["c_int"] == "bigint"
 
-    def rows(lake: str) -> list[dict[str, Any]]:
+    def lake_rows(lake: str) -> list[dict[str, Any]]:
         frame = spark.read.format("delta").load(f"{lake}/crm/customer")
         return sorted((r.asDict() for r in frame.select(*user_types(lake)).collect()), key=lambda r: r["id"])
 
-    assert rows(lakes["by_ddl"]) == rows(lakes["by_data"])
-    assert rows(lakes["by_ddl"])[1]["c_dt"] == datetime(2024, 1, 2, 10, 0, 0, 123000)
+    assert lake_rows(lakes["by_ddl"]) == lake_rows(lakes["by_data"])
+    assert lake_rows(lakes["by_ddl"])[1]["c_dt"] == datetime(2024, 1, 2, 10, 0, 0, 123000)
     history = spark.sql(f"DESCRIBE HISTORY delta.`{lakes['by_ddl']}/crm/customer`").collect()
     overwrites = [r["operation"] for r in history if (r["operationParameters"] or {}).get("mode") == "Overwrite"]
-    print("LAKE", lakes["by_ddl"])
     assert overwrites == []  # no rewrite of the table
     changes = spark.read.format("delta").load(f"{lakes['by_ddl']}/_cdclake/schema_changes").collect()
     outcomes = {r["ddl"]: r["outcome"] for r in changes}
