@@ -31,6 +31,7 @@ from cdclake import model
 from cdclake.formats import register
 from cdclake.formats.base import (
     DUPLICATE_KEY,
+    EXACT_TEXT_IMAGE,
     EXACT_TEXT_IMAGES,
     MESSAGE_VALUE,
     CdcFormat,
@@ -439,15 +440,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         rows = F.when(is_delete, F.coalesce(data, old)).otherwise(data)
     else:
         rows = data
-    parsed = with_unique_keys(messages, msg, "_m").select(
-        "*", data.alias("_data"), old.alias("_old"), op.alias("_op"), vendor_op.alias("_vendor_op"), rows.alias("_rows")
-    )
-    exploded = parsed.select("*", F.posexplode_outer("_rows").alias("_pos", "_row"))
-
-    op, vendor_op, data, old = F.col("_op"), F.col("_vendor_op"), F.col("_data"), F.col("_old")
-    pos = F.col("_pos")
-    data_i, old_i = F.get(data, pos), F.get(old, pos)
-    is_row = op.isin(*_ROW_OPS)
+    parsed = with_unique_keys(messages, msg, "_m")
 
     if dialect.types == "mysql":
         vendor_types = m["mysqlType"]
@@ -468,17 +461,25 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         type_name = "column"
     # Staged as columns: the row images look a column's type up once per value, inside lambdas, where Spark would
     # otherwise evaluate the whole type map (a dozen regular expressions per column) again for every value.
-    exploded = exploded.select(
+    parsed = parsed.select(
         "*",
+        data.alias("_data"),
+        old.alias("_old"),
+        op.alias("_op"),
+        vendor_op.alias("_vendor_op"),
+        rows.alias("_rows"),
         declared_types.alias("_declared_types"),
         spark_types.alias("_spark_types"),
         vendor_types.alias("_vendor_types"),
     )
+    op, vendor_op, data, old, rows = (F.col(c) for c in ("_op", "_vendor_op", "_data", "_old", "_rows"))
     declared_types, spark_types, vendor_types = (
         F.col("_declared_types"),
         F.col("_spark_types"),
         F.col("_vendor_types"),
     )
+    is_row = op.isin(*_ROW_OPS)
+    is_delete = op == Op.DELETE.value
     names = F.coalesce(F.map_keys(declared_types), F.array().cast("array<string>"))
     unknown_types = F.filter(names, lambda n: spark_types[n].isNull())
     # The type maps share their keys, in the same order (spark_types is built with transform_values), so the columns
@@ -489,68 +490,11 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         ),
         F.array().cast(f"array<{model.COLUMN_TYPE.simpleString()}>"),
     )
-
-    def image(full: Column) -> Column:
-        """Canonical values of a staged row (with its missing columns): each value's rule needs its column's type,
-        and a map lookup per value (several, as the rule tests the type) is the slow part. Rows usually list their
-        columns in the order of the type map (Canal builds both from one column list): then the types are the
-        type map's values as they stand; otherwise each key is looked up once."""
-        keys = F.map_keys(full)
-        types = F.when(keys == F.map_keys(spark_types), F.map_values(spark_types)).otherwise(
-            F.transform(keys, lambda k: spark_types[k])
-        )
-        values = F.zip_with(F.map_values(full), types, lambda v, t: canonical_value(dialect, t, v, zone))
-        return F.map_from_arrays(keys, values)
-
-    if dialect.old_is_changed_only:
-        # canal.md section 1: old[i] = previous values of the CHANGED columns; before = data[i] overlaid with old[i].
-        # Without old[i] the before image is unknown (null), not the after image.
-        update_before, update_after = F.when(old_i.isNotNull(), _overlay(data_i, old_i)), data_i
-    elif swapped:
-        # dts.md section 2: instances created before 2022-03-20: UPDATE data = before, old = after.
-        update_before, update_after = data_i, old_i
-    else:
-        update_before, update_after = old_i, data_i
-    row_i = F.col("_row")
-    before = F.when(op == Op.UPDATE.value, update_before).when(is_delete, row_i)
-    after = F.when(
-        op.isin(Op.INSERT.value, Op.UPSERT.value, Op.UPDATE.value),
-        F.when(op == Op.UPDATE.value, update_after).otherwise(row_i),
-    )
-
-    # Staged as columns: image() reads a row several times (and Spark evaluates an expression inside a lambda once
-    # per element), so the overlaid before image would otherwise be rebuilt for every declared column.
-    exploded = exploded.select("*", before.alias("_before_row"), after.alias("_after_row"))
-    # canal.md section 1: a missing key is NULL.
-    exploded = exploded.select(
-        "*",
-        with_missing_as_null(F.col("_before_row"), names).alias("_before_full"),
-        with_missing_as_null(F.col("_after_row"), names).alias("_after_full"),
-    )
-    before, after = F.col("_before_full"), F.col("_after_full")
-
     identifier = m["id"]
     position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")
-    decoded = exploded.select(
-        "*",
-        op.alias(model.OP),
-        vendor_op.alias(model.VENDOR_OP),
-        F.nullif(m["dbType"], F.lit("")).alias(model.DB_TYPE),
-        database.alias(model.DATABASE),
-        schema.alias(model.SCHEMA),
-        table.alias(model.TABLE),
-        F.when(is_row, F.coalesce(m["pkNames"], F.array().cast("array<string>"))).alias(model.KEY_COLUMNS),
-        F.when(is_row, image(before)).alias(model.BEFORE),
-        F.when(is_row, image(after)).alias(model.AFTER),
-        F.when(is_row, columns).alias(model.COLUMNS),
-        position.alias(model.POSITION),
-        epoch_timestamp(m["es"], "ms").alias(model.EVENT_TIME),
-        F.nullif(m["gtid"], F.lit("")).alias(model.TXN_ID),
-        F.when(op.isin(Op.DDL.value, Op.TRUNCATE.value), m["sql"]).alias(model.DDL),
-        F.coalesce(pos, F.lit(0)).alias(model.SUB_INDEX),
-    )
     size_data, size_old = F.size(F.coalesce(data, F.array())), F.size(F.coalesce(old, F.array()))
-    checks: list[tuple[Column, str | Column]] = [
+    # Every check but the last two reads the message only: they run once per message, before its rows are exploded.
+    message_checks: list[tuple[Column, str | Column]] = [
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
         (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),
         (m.isNull() | m["_corrupt_record"].isNotNull(), "malformed JSON (or a field of the wrong JSON type)"),
@@ -562,19 +506,19 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         ),
     ]
     if dialect.position_from_id:
-        checks += [
+        message_checks += [
             (identifier.isNull(), "missing id (the DRS event sequence number)"),
             (position.isNull(), F.format_string("id '%s' is not a decimal sequence number", identifier)),
         ]
     if dialect.wrong_delete_hint is not None:
         other = old if dialect.delete_row_in == "data" else data
-        checks.append((is_delete & F.col("_rows").isNull() & other.isNotNull(), dialect.wrong_delete_hint))
+        message_checks.append((is_delete & rows.isNull() & other.isNotNull(), dialect.wrong_delete_hint))
     if dialect.swap_option is not None and not swapped:
         # dts.md section 2: "a DELETE with data == null and old != null proves legacy ... alarm on a proving DELETE".
         # Without the option that topic's UPDATEs are read the current way round, so they land their before values:
         # the DELETE that proves it is a dead letter naming the option, where `status` and `dlq list` show it.
         legacy_delete = is_delete & data.isNull() & old.isNotNull()
-        checks.append(
+        message_checks.append(
             (
                 legacy_delete,
                 f"DELETE with its row in `old` and `data` null: the layout of DTS instances created before "
@@ -583,9 +527,9 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
             )
         )
     row_array = "old" if dialect.delete_row_in == "old" else "data"
-    checks += [
+    message_checks += [
         (
-            is_row & (F.size(F.coalesce(F.col("_rows"), F.array())) == 0),
+            is_row & (F.size(F.coalesce(rows, F.array())) == 0),
             F.format_string(
                 "%s message without rows in `%s`",
                 vendor_op,
@@ -608,19 +552,102 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
             (op == Op.UPDATE.value) & old.isNotNull() & (size_old != size_data),
             F.format_string("UPDATE with %d rows in data but %d in old (they pair by index)", size_data, size_old),
         ),
+    ]
+    # Each row with its `data` and `old` entries (they pair by index; a missing entry is null), as many as the rows.
+    row_entries = F.slice(
+        F.arrays_zip(F.coalesce(rows, F.array()), F.coalesce(data, F.array()), F.coalesce(old, F.array())),
+        1,
+        F.size(F.coalesce(rows, F.array())),
+    ).cast(f"array<struct<row:{EXACT_TEXT_IMAGE},data:{EXACT_TEXT_IMAGE},old:{EXACT_TEXT_IMAGE}>>")
+    # Read once per message: after the explode each row carries these and its own entries, never the parsed message
+    # or its row arrays, which Spark would copy into every one of its rows (a message of n rows cost O(n^2)).
+    per_message = parsed.select(
+        *messages.columns,
+        op.alias(model.OP),
+        vendor_op.alias(model.VENDOR_OP),
+        F.nullif(m["dbType"], F.lit("")).alias(model.DB_TYPE),
+        database.alias(model.DATABASE),
+        schema.alias(model.SCHEMA),
+        table.alias(model.TABLE),
+        F.when(is_row, F.coalesce(m["pkNames"], F.array().cast("array<string>"))).alias(model.KEY_COLUMNS),
+        F.when(is_row, columns).alias(model.COLUMNS),
+        position.alias(model.POSITION),
+        epoch_timestamp(m["es"], "ms").alias(model.EVENT_TIME),
+        F.nullif(m["gtid"], F.lit("")).alias(model.TXN_ID),
+        F.when(op.isin(Op.DDL.value, Op.TRUNCATE.value), m["sql"]).alias(model.DDL),
+        spark_types.alias("_spark_types"),
+        names.alias("_names"),
+        old.isNull().alias("_old_is_null"),
+        first_error(*message_checks).alias("_message_error"),
+        row_entries.alias("_row_entries"),
+    )
+    exploded = per_message.select(
+        *(c for c in per_message.columns if c != "_row_entries"),
+        F.posexplode_outer("_row_entries").alias("_pos", "_entry"),
+    )
+
+    op, spark_types, names, pos = F.col(model.OP), F.col("_spark_types"), F.col("_names"), F.col("_pos")
+    row_i, data_i, old_i = F.col("_entry.row"), F.col("_entry.data"), F.col("_entry.old")
+    is_row = op.isin(*_ROW_OPS)
+    is_delete = op == Op.DELETE.value
+
+    def image(full: Column) -> Column:
+        """Canonical values of a staged row (with its missing columns): each value's rule needs its column's type,
+        and a map lookup per value (several, as the rule tests the type) is the slow part. Rows usually list their
+        columns in the order of the type map (Canal builds both from one column list): then the types are the
+        type map's values as they stand; otherwise each key is looked up once."""
+        keys = F.map_keys(full)
+        types = F.when(keys == F.map_keys(spark_types), F.map_values(spark_types)).otherwise(
+            F.transform(keys, lambda k: spark_types[k])
+        )
+        values = F.zip_with(F.map_values(full), types, lambda v, t: canonical_value(dialect, t, v, zone))
+        return F.map_from_arrays(keys, values)
+
+    if dialect.old_is_changed_only:
+        # canal.md section 1: old[i] = previous values of the CHANGED columns; before = data[i] overlaid with old[i].
+        # Without old[i] the before image is unknown (null), not the after image.
+        update_before, update_after = F.when(old_i.isNotNull(), _overlay(data_i, old_i)), data_i
+    elif swapped:
+        # dts.md section 2: instances created before 2022-03-20: UPDATE data = before, old = after.
+        update_before, update_after = data_i, old_i
+    else:
+        update_before, update_after = old_i, data_i
+    before = F.when(op == Op.UPDATE.value, update_before).when(is_delete, row_i)
+    after = F.when(
+        op.isin(Op.INSERT.value, Op.UPSERT.value, Op.UPDATE.value),
+        F.when(op == Op.UPDATE.value, update_after).otherwise(row_i),
+    )
+
+    # Staged as columns: image() reads a row several times (and Spark evaluates an expression inside a lambda once
+    # per element), so the overlaid before image would otherwise be rebuilt for every declared column.
+    exploded = exploded.select("*", before.alias("_before_row"), after.alias("_after_row"))
+    # canal.md section 1: a missing key is NULL.
+    exploded = exploded.select(
+        "*",
+        with_missing_as_null(F.col("_before_row"), names).alias("_before_full"),
+        with_missing_as_null(F.col("_after_row"), names).alias("_after_full"),
+    )
+    before, after = F.col("_before_full"), F.col("_after_full")
+    decoded = exploded.select(
+        "*",
+        F.when(is_row, image(before)).alias(model.BEFORE),
+        F.when(is_row, image(after)).alias(model.AFTER),
+        F.coalesce(pos, F.lit(0)).alias(model.SUB_INDEX),
+    )
+    row_checks: list[tuple[Column, str | Column]] = [
         (
-            is_row & F.col("_row").isNull(),
+            is_row & row_i.isNull(),
             F.format_string("row %d of the message is null", F.coalesce(pos, F.lit(0))),
         ),
     ]
     if not dialect.old_is_changed_only:
-        checks.append(
+        row_checks.append(
             (
-                (op == Op.UPDATE.value) & (old.isNull() | old_i.isNull()),
+                (op == Op.UPDATE.value) & (F.col("_old_is_null") | old_i.isNull()),
                 "UPDATE without its full row in `old`",
             )
         )
-    return finish(decoded, dialect.name, first_error(*checks))
+    return finish(decoded, dialect.name, F.coalesce(F.col("_message_error"), first_error(*row_checks)))
 
 
 def format_for(dialect: Dialect, description: str, examples: tuple[str, ...]) -> CdcFormat:
