@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import logging
 from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdclake.ddl import common_type, parse_ddl, spark_type_of, typed_as, widened
 from cdclake.devtools.verify import read_table
@@ -571,3 +573,70 @@ def test_a_datetime_column_the_source_adds_lands_in_the_lake_and_history_tables(
             history = history_table(spark, lake, kind, "crm", table, table_format)  # type: ignore[arg-type]
             assert history is not None
             assert seen in [r["seen"] for r in history.collect()], (table, kind)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("table_format", "type_widening", "in_place"),
+    [("delta", True, True), ("delta", False, False), ("iceberg", False, True)],
+    ids=["delta-with-type-widening", "delta", "iceberg"],
+)
+def test_a_wider_decimal_widens_the_lake_column_in_place_where_the_table_format_can(
+    spark, tmp_path: Path, table_format: str, type_widening: bool, in_place: bool
+) -> None:
+    """MySQL `MODIFY price DECIMAL(10,2)` on a decimal(5,2) column: Canal data then declares decimal(10,2), and a DDL
+    statement widens the column again, to decimal(12,2). Iceberg promotes a decimal's precision in its schema alone,
+    and Delta does so for a table whose owner enabled type widening: the files written before stay as they are. A
+    Delta table without it is rewritten, which every Delta reader reads. Either way, rows and types are the same, and
+    the history tables follow."""
+    narrow = {"id": "bigint(20)", "price": "decimal(5,2)"}
+    wider = {"id": "bigint(20)", "price": "decimal(10,2)"}
+    widest = {"id": "bigint(20)", "price": "decimal(12,2)"}
+    statement = "ALTER TABLE item MODIFY price DECIMAL(12,2)"
+    lines = [
+        row_message("INSERT", "item", [{"id": "1", "price": "123.45"}, {"id": "2", "price": "-0.50"}], narrow),
+        row_message("INSERT", "item", [{"id": "3", "price": "12345678.90"}], wider),
+        ddl_message("item", statement),
+        row_message("UPDATE", "item", [{"id": "3", "price": "9999999999.99"}], widest, old=[{"price": "12345678.90"}]),
+    ]
+    lake = str(tmp_path / "lake")
+    reader = spark.read.format(table_format)
+    files_of_first_row: list[str] = []
+
+    def after_batch(_: Any) -> None:
+        first = reader.load(f"{lake}/crm/item").where("id = 1").select(F.input_file_name().alias("file")).first()
+        assert first is not None
+        files_of_first_row.append(first["file"])
+
+    properties = {"*": {"delta.enableTypeWidening": "true"}} if type_widening else None
+    dead_letters = replay_lines(
+        spark,
+        tmp_path,
+        "capture",
+        lines,
+        "canal-json",
+        batch_lines=1,
+        on_batch=after_batch,
+        changelog=True,
+        scd2=True,
+        table_format=table_format,
+        table_properties=properties,
+    )
+    assert dead_letters == 0
+    item = reader.load(f"{lake}/crm/item")
+    assert dict(item.dtypes)["price"] == "decimal(12,2)"
+    expected = [(1, Decimal("123.45")), (2, Decimal("-0.50")), (3, Decimal("9999999999.99"))]
+    assert sorted((r["id"], r["price"]) for r in item.collect()) == expected
+    # Written by the first batch, and no row change reads its file: it stays, unless a widening (batches 2 and 3)
+    # rewrites the table.
+    moved = [files_of_first_row[i] != files_of_first_row[i - 1] for i in range(1, len(files_of_first_row))]
+    assert moved == ([False, False, False] if in_place else [True, True, moved[2]]), files_of_first_row
+    changes = spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").collect()
+    outcome = {r["ddl"]: r["outcome"] for r in changes}[statement]
+    widening = "applied: column price decimal(10,2) -> decimal(12,2)"
+    assert outcome == (widening + ", widened in place" if in_place else widening)
+    for kind in ("changelog", "scd2"):
+        history = history_table(spark, lake, kind, "crm", "item", table_format)
+        assert history is not None
+        assert dict(history.dtypes)["price"] == "decimal(12,2)"
+        assert {(r["id"], r["price"]) for r in history.collect()} >= {*expected, (3, Decimal("12345678.90"))}

@@ -13,7 +13,9 @@ Two sources of schema change:
 * **Declared column types** (:meth:`SchemaEvolution.reconcile_types`): when messages declare a column with a
   type other than the table's, the column is widened if no stored value changes (int -> bigint, float -> double,
   decimal precision up, see :func:`cdclake.ddl.widened`), or retyped if it holds no value yet (for example a
-  column a DDL statement created with its best-guess type). This happens under every policy, because refusing it
+  column a DDL statement created with its best-guess type). A widening is made in the table's schema alone where
+  the table format can (:meth:`cdclake.sinks.delta.DeltaSink.widen_in_place`), as is a DDL statement's; anything
+  else rewrites the table. This happens under every policy, because refusing it
   would drop the values; otherwise the values that do not fit go to the dead letters (the pipeline's misfit
   check).
 
@@ -537,6 +539,8 @@ class SchemaEvolution:
             return "nothing to do: column unchanged" + (
                 " (type has no exact Spark type)" if not change.spark_type else ""
             )
+        if new_name == name and not valueless and sink.widen_in_place(*ident, {name: new_type}):
+            return f"applied: column {name} {current_type} -> {new_type}, widened in place"
         self._refuse_if_rewrite_loses(ident)
         retyped = _retyped(name, new_type, valueless)
         rewritten = [(new_name, retyped) if n == name else (n, F.col(quote(n))) for n, _ in columns]
@@ -671,6 +675,14 @@ class SchemaEvolution:
             # change: rewriting the table for it would rewrite it again with every batch.
             current_types = dict(stored)
             changes = {n: t for n, t in changes.items() if self.sink.stored_type(t) != current_types[n]}
+            # A widening the table format makes in its schema alone rewrites nothing and loses nothing.
+            widenings = {n: t for n, t in changes.items() if n not in valueless}
+            in_place = self.sink.widen_in_place(plan.database, plan.schema, plan.table, widenings) if widenings else {}
+            if in_place:
+                log.info("table %s: column types %s, widened in place", plan.table, in_place)
+                changes = {n: t for n, t in changes.items() if n not in in_place}
+                stored = self.sink.columns(plan.database, plan.schema, plan.table) or stored
+                table_columns[plan.table_id] = stored
             if not changes:
                 continue
             if lost := self.sink.rewrite_loses(plan.database, plan.schema, plan.table):

@@ -72,6 +72,9 @@ from cdclake.tables import PerTable, TableRoutes
 
 log = logging.getLogger(__name__)
 
+TYPE_WIDENING_PROPERTY: Final = "delta.enableTypeWidening"
+"""A Delta table property: with it, a column is widened in place (:meth:`DeltaSink.widen_in_place`)."""
+
 POSITION_COLUMN: Final = "_cdc_position"
 """Order of the change that wrote the row (see cdclake.apply); later changes must have an order >= it."""
 EVENT_TIME_COLUMN: Final = "_cdc_event_time"
@@ -1355,6 +1358,40 @@ class DeltaSink:
         if record_keys:
             properties.insert(0, f"{sql_string(KEY_COLUMNS_PROPERTY)} = {sql_string(','.join(keys))}")
         self.spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ({', '.join(properties)})")
+
+    def widen_in_place(
+        self, database: str | None, schema: str | None, table: str, changes: Mapping[str, str]
+    ) -> dict[str, str]:
+        """Widens the columns of ``changes`` (name -> wider type, each a :func:`cdclake.ddl.widened` change) without
+        rewriting the table's files where the table format lets every reader of the table read its stored values as
+        the new type; returns the changes made. The caller rewrites the table for the others."""
+        path = self.table_path(database, schema, table)
+        done = self.widen_path_in_place(path, {(name,): wanted for name, wanted in changes.items()})
+        if done:
+            self._columns.pop(path, None)
+        return {column[0]: wanted for column, wanted in done.items()}
+
+    def widen_path_in_place(self, path: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+        """``widen_in_place`` of the table at ``path``, for top-level columns and fields of struct columns (a column
+        path -> its wider type). A Delta table whose owner enabled type widening (``delta.enableTypeWidening``,
+        e.g. by ``table_properties``) records the new type in its log, one commit per column, and its readers
+        convert the values of older files as they read them (Delta 3.2 or later reads such a table). Without it
+        every change is left to the rewrite, which any reader reads. Delta refuses to retype a column that a CHECK
+        constraint or a generated column reads: that one is rewritten too."""
+        if not changes or self._properties(path).get(TYPE_WIDENING_PROPERTY, "").strip().lower() != "true":
+            return {}
+        done: dict[tuple[str, ...], str] = {}
+        for column, wanted in changes.items():
+            # The type is rendered by Spark from its parse, and the names are quoted: nothing of a message is run.
+            rendered = _parse_datatype_string(wanted).simpleString()
+            named = ".".join(quote(part) for part in column)
+            try:
+                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ALTER COLUMN {named} TYPE {rendered}")
+            except (CapturedException, Py4JJavaError) as exc:  # refused before any commit: the rewrite is as good
+                log.info("%s: column %s not widened in place (%s); the table is rewritten", path, named, exc)
+                continue
+            done[column] = wanted
+        return done
 
     @staticmethod
     def stored_type(spark_type: str) -> str:

@@ -54,6 +54,7 @@ from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
+from cdclake.ddl import widened
 from cdclake.model import Op, quote
 from cdclake.sinks.delta import (
     EVENT_TIME_COLUMN,
@@ -447,7 +448,25 @@ class HistorySink:
         history table with the columns converted, when every stored value converts. A column whose stored values
         would not all fit keeps its type, and incoming values that do not fit it are NULL in this table only (the
         lake table has them); a warning says so. Costs a full rewrite, as for the lake table; type changes are rare.
+        A widening that the table format makes in its schema alone (:meth:`DeltaSink.widen_path_in_place`) is made
+        so, as for the lake table, and rewrites nothing.
         """
+        in_place = self.sink.widen_path_in_place(
+            path,
+            {
+                column: data_type.simpleString()
+                for column, data_type in differing.items()
+                if widened(_type_at(schema, column).simpleString(), data_type.simpleString())
+            },
+        )
+        if in_place:
+            log.info("%s: column types %s, widened in place", path, {".".join(c): t for c, t in in_place.items()})
+            differing = {c: t for c, t in differing.items() if c not in in_place}
+            retyped = self.sink.table_schema(path)
+            assert retyped is not None
+            schema = retyped
+            if not differing:
+                return schema
         table = self.sink.read_path(path)
 
         def column(path_of: _ColumnPath) -> Column:

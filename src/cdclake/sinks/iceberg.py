@@ -41,7 +41,7 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -94,6 +94,37 @@ commit, found new delete for replaced data file ...``, ``Missing required files 
 missing data files ...``); the class also reports other problems, which a second attempt would not solve."""
 
 _STORED_TYPES: Final = {"tinyint": "int", "smallint": "int"}
+
+_DECIMAL: Final = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def _promotes(current: str, wanted: str) -> bool:
+    """Whether Iceberg promotes a column of (Spark) type ``current`` to ``wanted`` in its schema alone."""
+    if _STORED_TYPES.get(current, current) == "int" and wanted == "bigint":
+        return True
+    if current == "float" and wanted == "double":
+        return True
+    source, target = _DECIMAL.fullmatch(current), _DECIMAL.fullmatch(wanted)
+    return (
+        source is not None
+        and target is not None
+        and source.group(2) == target.group(2)
+        and int(target.group(1)) > int(source.group(1))
+    )
+
+
+def _field_type(schema: StructType, column: tuple[str, ...]) -> DataType | None:
+    """The type of the column (or struct field) at ``column`` in ``schema``, names matched in any case."""
+    data_type: DataType = schema
+    for part in column:
+        if not isinstance(data_type, StructType):
+            return None
+        found = [f for f in data_type.fields if f.name.lower() == part.lower()]
+        if not found:
+            return None
+        data_type = found[0].dataType
+    return data_type
+
 
 Identity = tuple[str | None, str | None, str]
 """A source table: (database, schema, table)."""
@@ -361,6 +392,29 @@ class IcebergSink(DeltaSink):
         if new:
             self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({_column_list(new)})")
         self._columns.pop(path, None)
+
+    def widen_path_in_place(self, path: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+        """Iceberg's own type promotions change the table's schema only, and every Iceberg reader reads the values of
+        older files as the new type (spec, "Schema Evolution": int -> long, float -> double, decimal(P,S) ->
+        decimal(P',S) with P' > P). The other widenings (an integer into a decimal, a decimal's scale) are left to
+        the rewrite."""
+        if not changes:
+            return {}
+        current = self.spark.table(self._identifier_of(path)).schema
+        done: dict[tuple[str, ...], str] = {}
+        for column, wanted in changes.items():
+            stored = _field_type(current, column)
+            if stored is None or not _promotes(stored.simpleString(), _parse_datatype_string(wanted).simpleString()):
+                continue
+            rendered = _parse_datatype_string(wanted).simpleString()
+            named = ".".join(quote(part) for part in column)
+            try:
+                self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ALTER COLUMN {named} TYPE {rendered}")
+            except (CapturedException, Py4JJavaError) as exc:
+                log.warning("%s: column %s not widened in place (%s); the table is rewritten", path, named, exc)
+                continue
+            done[column] = wanted
+        return done
 
     @staticmethod
     def stored_type(spark_type: str) -> str:
