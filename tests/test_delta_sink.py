@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
@@ -150,6 +151,30 @@ def test_a_rewrite_to_a_type_without_statistics_unlists_the_column(spark, tmp_pa
     after = DeltaTable.forPath(spark, sink.table_path("db", None, "t")).detail().collect()[0]["properties"]
     assert after["delta.dataSkippingStatsColumns"] == "`note`,_cdc_position"
     assert sink.columns("db", None, "t") == [("note", "string"), ("detail", "binary")]
+
+
+def test_a_widening_is_made_in_place_only_in_a_table_with_type_widening_and_where_delta_allows_it(
+    spark, tmp_path: Path
+) -> None:
+    """DeltaSink.widen_in_place: nothing without ``delta.enableTypeWidening`` (the caller rewrites the table, which
+    every Delta reader reads); with it, every column but one that a CHECK constraint reads, which Delta refuses to
+    retype (DELTA_CONSTRAINT_DEPENDENT_COLUMN_CHANGE) and is left to the rewrite. Stored values read as before."""
+    from cdclake.apply import TablePlan
+
+    sink = DeltaSink(spark, str(tmp_path / "lake"))
+    plan = TablePlan("db.t", "db", None, "t", [("id", "int"), ("qty", "int"), ("price", "decimal(5,2)")], ["id"])
+    sink.ensure_table(plan)
+    path = sink.table_path("db", None, "t")
+    spark.sql(f"INSERT INTO delta.`{path}` (id, qty, price) VALUES (1, 7, 123.45)")
+    wanted = {"id": "bigint", "qty": "bigint", "price": "decimal(12,4)"}
+    assert sink.widen_in_place("db", None, "t", wanted) == {}
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT positive CHECK (id > 0)")
+    assert sink.widen_in_place("db", None, "t", wanted) == {"qty": "bigint", "price": "decimal(12,4)"}
+    assert sink.columns("db", None, "t") == [("id", "int"), ("qty", "bigint"), ("price", "decimal(12,4)")]
+    assert [tuple(r) for r in spark.read.format("delta").load(path).select("id", "qty", "price").collect()] == [
+        (1, 7, Decimal("123.4500"))
+    ]
 
 
 def test_a_batch_creates_its_tables_concurrently_and_plans_sharing_a_path_in_turn(spark, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from cdclake.config import parse_config
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.exceptions import ConfigError, InputError
 from cdclake.pipeline import Pipeline, PipelineSettings
-from cdclake.sinks.iceberg import MARKER_PREFIX, IcebergSink
+from cdclake.sinks.iceberg import MARKER_PREFIX, IcebergSink, _promotes
 from cdclake.workload import HistoryConfig, RenderOptions, SourceHistory, render_stream
 from tests.e2e.helpers import lake_reader, replay_in_two_batches
 from tests.formats.golden import messages_frame
@@ -417,3 +417,22 @@ def test_tables_go_to_a_catalog_of_the_session(spark, tmp_path: Path) -> None:
     assert Path(lake, "_cdclake", "progress", "_delta_log").is_dir()
     sink = IcebergSink(spark, lake, "userlake")
     assert [sink.row_count(path) for path in result.applied] == [2]
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "promoted"),
+    [
+        ("int", "bigint", True),
+        ("smallint", "bigint", True),  # stored as int
+        ("float", "double", True),
+        ("decimal(5,2)", "decimal(10,2)", True),
+        ("decimal(5,2)", "decimal(12,4)", False),  # a scale change is no Iceberg promotion
+        ("int", "decimal(20,0)", False),
+        ("int", "double", False),
+        ("bigint", "decimal(38,0)", False),
+    ],
+)
+def test_only_iceberg_s_own_promotions_widen_in_place(current: str, wanted: str, promoted: bool) -> None:
+    """Iceberg spec, "Schema Evolution": int -> long, float -> double, decimal(P,S) -> decimal(P',S) with P' > P. The
+    other widenings rewrite the table (IcebergSink.widen_path_in_place)."""
+    assert _promotes(current, wanted) is promoted
