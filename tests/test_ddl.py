@@ -588,7 +588,7 @@ def test_a_wider_decimal_widens_the_lake_column_in_place_where_the_table_format_
     statement widens the column again, to decimal(12,2). Iceberg promotes a decimal's precision in its schema alone,
     and Delta does so for a table whose owner enabled type widening: the files written before stay as they are. A
     Delta table without it is rewritten, which every Delta reader reads. Either way, rows and types are the same, and
-    the history tables follow."""
+    the history tables follow the same way (a Delta history table takes its lake table's type widening)."""
     narrow = {"id": "bigint(20)", "price": "decimal(5,2)"}
     wider = {"id": "bigint(20)", "price": "decimal(10,2)"}
     widest = {"id": "bigint(20)", "price": "decimal(12,2)"}
@@ -601,12 +601,19 @@ def test_a_wider_decimal_widens_the_lake_column_in_place_where_the_table_format_
     ]
     lake = str(tmp_path / "lake")
     reader = spark.read.format(table_format)
-    files_of_first_row: list[str] = []
+    files_of_first_row: dict[str, list[str]] = {"lake": [], "changelog": [], "scd2": []}
 
     def after_batch(_: Any) -> None:
-        first = reader.load(f"{lake}/crm/item").where("id = 1").select(F.input_file_name().alias("file")).first()
-        assert first is not None
-        files_of_first_row.append(first["file"])
+        for kind, files in files_of_first_row.items():
+            table = (
+                reader.load(f"{lake}/crm/item")
+                if kind == "lake"
+                else history_table(spark, lake, kind, "crm", "item", table_format)
+            )
+            assert table is not None
+            first = table.where("id = 1").select(F.input_file_name().alias("file")).first()
+            assert first is not None
+            files.append(first["file"])
 
     properties = {"*": {"delta.enableTypeWidening": "true"}} if type_widening else None
     dead_letters = replay_lines(
@@ -628,9 +635,15 @@ def test_a_wider_decimal_widens_the_lake_column_in_place_where_the_table_format_
     expected = [(1, Decimal("123.45")), (2, Decimal("-0.50")), (3, Decimal("9999999999.99"))]
     assert sorted((r["id"], r["price"]) for r in item.collect()) == expected
     # Written by the first batch, and no row change reads its file: it stays, unless a widening (batches 2 and 3)
-    # rewrites the table.
-    moved = [files_of_first_row[i] != files_of_first_row[i - 1] for i in range(1, len(files_of_first_row))]
-    assert moved == ([False, False, False] if in_place else [True, True, moved[2]]), files_of_first_row
+    # rewrites the table. The history tables follow the lake table's choice, with the table's next row changes (the
+    # DDL's widening with batch 4).
+    for kind, files in files_of_first_row.items():
+        moved = [files[i] != files[i - 1] for i in range(1, len(files))]
+        if in_place:
+            assert moved == [False, False, False], (kind, files)
+        else:
+            rewritten_by = [True, True, moved[2]] if kind == "lake" else [True, False, True]
+            assert moved == rewritten_by, (kind, files)
     changes = spark.read.format("delta").load(f"{lake}/_cdclake/schema_changes").collect()
     outcome = {r["ddl"]: r["outcome"] for r in changes}[statement]
     widening = "applied: column price decimal(10,2) -> decimal(12,2)"

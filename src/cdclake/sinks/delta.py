@@ -1371,15 +1371,24 @@ class DeltaSink:
             self._columns.pop(path, None)
         return {column[0]: wanted for column, wanted in done.items()}
 
-    def widen_path_in_place(self, path: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+    def widen_path_in_place(
+        self, path: str, changes: Mapping[tuple[str, ...], str], *, like: str | None = None
+    ) -> dict[tuple[str, ...], str]:
         """``widen_in_place`` of the table at ``path``, for top-level columns and fields of struct columns (a column
         path -> its wider type). A Delta table whose owner enabled type widening (``delta.enableTypeWidening``,
         e.g. by ``table_properties``) records the new type in its log, one commit per column, and its readers
         convert the values of older files as they read them (Delta 3.2 or later reads such a table). Without it
         every change is left to the rewrite, which any reader reads. Delta refuses to retype a column that a CHECK
-        constraint or a generated column reads: that one is rewritten too."""
-        if not changes or self._properties(path).get(TYPE_WIDENING_PROPERTY, "").strip().lower() != "true":
+        constraint or a generated column reads: that one is rewritten too.
+
+        ``like``: the table whose choice this one follows (a history table its lake table's): when that one has type
+        widening and this one has not, this one gets it first (one commit)."""
+        if not changes:
             return {}
+        if not self._type_widening(path):
+            if like is None or not self._type_widening(like):
+                return {}
+            self._set_properties(path, {TYPE_WIDENING_PROPERTY: "true"})
         done: dict[tuple[str, ...], str] = {}
         for column, wanted in changes.items():
             # The type is rendered by Spark from its parse, and the names are quoted: nothing of a message is run.
@@ -1392,6 +1401,10 @@ class DeltaSink:
                 continue
             done[column] = wanted
         return done
+
+    def _type_widening(self, path: str) -> bool:
+        """Whether there is a Delta table at ``path`` with type widening enabled."""
+        return self._exists(path) and self._properties(path).get(TYPE_WIDENING_PROPERTY, "").strip().lower() == "true"
 
     @staticmethod
     def stored_type(spark_type: str) -> str:

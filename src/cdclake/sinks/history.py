@@ -431,7 +431,8 @@ class HistorySink:
             assert schema is not None
         differing = self._to_retype(path, schema, wanted)
         if differing:
-            schema = self._retype(path, schema, differing)
+            lake_path = self.sink.table_path(item.plan.database, item.plan.schema, item.plan.table)
+            schema = self._retype(path, schema, differing, lake_path)
         self._schemas[path] = schema
         return schema
 
@@ -443,13 +444,15 @@ class HistorySink:
             if (column, data_type.simpleString()) not in kept
         }
 
-    def _retype(self, path: str, schema: StructType, differing: Mapping[_ColumnPath, DataType]) -> StructType:
+    def _retype(
+        self, path: str, schema: StructType, differing: Mapping[_ColumnPath, DataType], lake_path: str
+    ) -> StructType:
         """Follows the lake table's column type changes (widening, retyping a column without values): rewrites the
         history table with the columns converted, when every stored value converts. A column whose stored values
         would not all fit keeps its type, and incoming values that do not fit it are NULL in this table only (the
         lake table has them); a warning says so. Costs a full rewrite, as for the lake table; type changes are rare.
         A widening that the table format makes in its schema alone (:meth:`DeltaSink.widen_path_in_place`) is made
-        so, as for the lake table, and rewrites nothing.
+        so, as for the lake table at ``lake_path``, whose Delta type widening the history table follows.
         """
         in_place = self.sink.widen_path_in_place(
             path,
@@ -458,6 +461,7 @@ class HistorySink:
                 for column, data_type in differing.items()
                 if widened(_type_at(schema, column).simpleString(), data_type.simpleString())
             },
+            like=lake_path,
         )
         if in_place:
             log.info("%s: column types %s, widened in place", path, {".".join(c): t for c, t in in_place.items()})

@@ -393,11 +393,13 @@ class IcebergSink(DeltaSink):
             self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ADD COLUMNS ({_column_list(new)})")
         self._columns.pop(path, None)
 
-    def widen_path_in_place(self, path: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+    def widen_path_in_place(
+        self, path: str, changes: Mapping[tuple[str, ...], str], *, like: str | None = None
+    ) -> dict[tuple[str, ...], str]:
         """Iceberg's own type promotions change the table's schema only, and every Iceberg reader reads the values of
         older files as the new type (spec, "Schema Evolution": int -> long, float -> double, decimal(P,S) ->
         decimal(P',S) with P' > P). The other widenings (an integer into a decimal, a decimal's scale) are left to
-        the rewrite."""
+        the rewrite. Every Iceberg table promotes so: ``like`` changes nothing."""
         if not changes:
             return {}
         current = self.spark.table(self._identifier_of(path)).schema
