@@ -1389,15 +1389,20 @@ class DeltaSink:
             if like is None or not self._type_widening(like):
                 return {}
             self._set_properties(path, {TYPE_WIDENING_PROPERTY: "true"})
+        return self._alter_column_types(f"delta.{quote(path)}", changes)
+
+    def _alter_column_types(self, table: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+        """``ALTER TABLE table ALTER COLUMN ... TYPE ...`` for each of ``changes`` (column path -> type); returns the
+        changes made. One the table format refuses (before any commit) is left out: the caller's rewrite makes it."""
         done: dict[tuple[str, ...], str] = {}
         for column, wanted in changes.items():
             # The type is rendered by Spark from its parse, and the names are quoted: nothing of a message is run.
             rendered = _parse_datatype_string(wanted).simpleString()
             named = ".".join(quote(part) for part in column)
             try:
-                self.spark.sql(f"ALTER TABLE delta.{quote(path)} ALTER COLUMN {named} TYPE {rendered}")
-            except (CapturedException, Py4JJavaError) as exc:  # refused before any commit: the rewrite is as good
-                log.info("%s: column %s not widened in place (%s); the table is rewritten", path, named, exc)
+                self.spark.sql(f"ALTER TABLE {table} ALTER COLUMN {named} TYPE {rendered}")
+            except (CapturedException, Py4JJavaError) as exc:
+                log.info("%s: column %s not widened in place (%s); the table is rewritten", table, named, exc)
                 continue
             done[column] = wanted
         return done

@@ -403,20 +403,14 @@ class IcebergSink(DeltaSink):
         if not changes:
             return {}
         current = self.spark.table(self._identifier_of(path)).schema
-        done: dict[tuple[str, ...], str] = {}
-        for column, wanted in changes.items():
+
+        def promoted(column: tuple[str, ...], wanted: str) -> bool:
             stored = _field_type(current, column)
-            if stored is None or not _promotes(stored.simpleString(), _parse_datatype_string(wanted).simpleString()):
-                continue
-            rendered = _parse_datatype_string(wanted).simpleString()
-            named = ".".join(quote(part) for part in column)
-            try:
-                self.spark.sql(f"ALTER TABLE {self._identifier_of(path)} ALTER COLUMN {named} TYPE {rendered}")
-            except (CapturedException, Py4JJavaError) as exc:
-                log.warning("%s: column %s not widened in place (%s); the table is rewritten", path, named, exc)
-                continue
-            done[column] = wanted
-        return done
+            target = _parse_datatype_string(wanted).simpleString()
+            return stored is not None and _promotes(stored.simpleString(), target)
+
+        promotions = {column: wanted for column, wanted in changes.items() if promoted(column, wanted)}
+        return self._alter_column_types(self._identifier_of(path), promotions)
 
     @staticmethod
     def stored_type(spark_type: str) -> str:
