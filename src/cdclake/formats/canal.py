@@ -493,7 +493,8 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
     identifier = m["id"]
     position = model.sortable_decimal(identifier) if dialect.position_from_id else F.lit(None).cast("string")
     size_data, size_old = F.size(F.coalesce(data, F.array())), F.size(F.coalesce(old, F.array()))
-    # Every check but the last two reads the message only: they run once per message, before its rows are exploded.
+    # These checks read the message only: they run once per message, before its rows are exploded (the row checks
+    # below come after them, in the order they had in one list).
     message_checks: list[tuple[Column, str | Column]] = [
         (F.col(MESSAGE_VALUE).isNull(), "empty message (null Kafka value)"),
         (F.col(DUPLICATE_KEY).isNotNull(), F.col(DUPLICATE_KEY)),

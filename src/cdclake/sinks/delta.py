@@ -560,6 +560,19 @@ def _differing(wanted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str
     return {k: v for k, v in wanted.items() if held.get(folded(k)) != v}
 
 
+ColumnPath = tuple[str, ...]
+"""A column, ``(name,)``, or a field of a struct column, ``(struct, field)``."""
+
+
+def type_at(schema: StructType, column: ColumnPath) -> DataType:
+    """The type of the column or struct field at ``column`` in ``schema`` (names as the schema spells them)."""
+    data_type = schema[column[0]].dataType
+    for name in column[1:]:
+        assert isinstance(data_type, StructType)
+        data_type = data_type[name].dataType
+    return data_type
+
+
 def holds_timestamp_ntz(data_type: DataType) -> bool:
     """Whether ``data_type`` holds ``timestamp_ntz`` values (in a struct's field too)."""
     if isinstance(data_type, StructType):
@@ -1372,8 +1385,8 @@ class DeltaSink:
         return {column[0]: wanted for column, wanted in done.items()}
 
     def widen_path_in_place(
-        self, path: str, changes: Mapping[tuple[str, ...], str], *, like: str | None = None
-    ) -> dict[tuple[str, ...], str]:
+        self, path: str, changes: Mapping[ColumnPath, str], *, like: str | None = None
+    ) -> dict[ColumnPath, str]:
         """``widen_in_place`` of the table at ``path``, for top-level columns and fields of struct columns (a column
         path -> its wider type). A Delta table whose owner enabled type widening (``delta.enableTypeWidening``,
         e.g. by ``table_properties``) records the new type in its log, one commit per column, and its readers
@@ -1391,10 +1404,10 @@ class DeltaSink:
             self._set_properties(path, {TYPE_WIDENING_PROPERTY: "true"})
         return self._alter_column_types(f"delta.{quote(path)}", changes)
 
-    def _alter_column_types(self, table: str, changes: Mapping[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+    def _alter_column_types(self, table: str, changes: Mapping[ColumnPath, str]) -> dict[ColumnPath, str]:
         """``ALTER TABLE table ALTER COLUMN ... TYPE ...`` for each of ``changes`` (column path -> type); returns the
         changes made. One the table format refuses (before any commit) is left out: the caller's rewrite makes it."""
-        done: dict[tuple[str, ...], str] = {}
+        done: dict[ColumnPath, str] = {}
         for column, wanted in changes.items():
             # The type is rendered by Spark from its parse, and the names are quoted: nothing of a message is run.
             rendered = _parse_datatype_string(wanted).simpleString()

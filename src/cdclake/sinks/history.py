@@ -60,6 +60,7 @@ from cdclake.sinks.delta import (
     EVENT_TIME_COLUMN,
     OP_COLUMN,
     POSITION_COLUMN,
+    ColumnPath,
     DeltaSink,
     MergeStatement,
     Txn,
@@ -69,6 +70,7 @@ from cdclake.sinks.delta import (
     source_properties,
     sql_string,
     turn_marker,
+    type_at,
 )
 from cdclake.spark import castable, local_frame, valueless_as
 from cdclake.tables import TableFilter
@@ -190,18 +192,6 @@ def _typed(spark_type: str) -> DataType:
     return _parse_datatype_string(spark_type)
 
 
-_ColumnPath = tuple[str, ...]
-"""A column, ``(name,)``, or a field of a struct column, ``(struct, field)``."""
-
-
-def _type_at(schema: StructType, column: _ColumnPath) -> DataType:
-    data_type = schema[column[0]].dataType
-    for name in column[1:]:
-        assert isinstance(data_type, StructType)
-        data_type = data_type[name].dataType
-    return data_type
-
-
 @dataclass(frozen=True)
 class _Work:
     """One history table to write in a batch."""
@@ -259,7 +249,7 @@ class HistorySink:
         # Schemas of the history tables this sink has seen, so a batch without new columns does not re-read the log.
         self._schemas: dict[str, StructType] = {}
         # path -> (column, type) retypes refused because stored values would not fit (see _retype): not retried.
-        self._kept_types: dict[str, set[tuple[_ColumnPath, str]]] = {}
+        self._kept_types: dict[str, set[tuple[ColumnPath, str]]] = {}
         # path -> table properties of a history table left to its first write, which creates it with its rows.
         self._awaiting_creation: dict[str, dict[str, str]] = {}
 
@@ -436,7 +426,7 @@ class HistorySink:
         self._schemas[path] = schema
         return schema
 
-    def _to_retype(self, path: str, schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:
+    def _to_retype(self, path: str, schema: StructType, wanted: StructType) -> dict[ColumnPath, DataType]:
         kept = self._kept_types.get(path, set())
         return {
             column: data_type
@@ -445,7 +435,7 @@ class HistorySink:
         }
 
     def _retype(
-        self, path: str, schema: StructType, differing: Mapping[_ColumnPath, DataType], lake_path: str
+        self, path: str, schema: StructType, differing: Mapping[ColumnPath, DataType], lake_path: str
     ) -> StructType:
         """Follows the lake table's column type changes (widening, retyping a column without values): rewrites the
         history table with the columns converted, when every stored value converts. A column whose stored values
@@ -459,7 +449,7 @@ class HistorySink:
             {
                 column: data_type.simpleString()
                 for column, data_type in differing.items()
-                if widened(_type_at(schema, column).simpleString(), data_type.simpleString())
+                if widened(type_at(schema, column).simpleString(), data_type.simpleString())
             },
             like=lake_path,
         )
@@ -473,18 +463,18 @@ class HistorySink:
                 return schema
         table = self.sink.read_path(path)
 
-        def column(path_of: _ColumnPath) -> Column:
+        def column(path_of: ColumnPath) -> Column:
             top = F.col(quote(path_of[0]))
             return top if len(path_of) == 1 else top[path_of[1]]
 
         ordered = sorted(differing.items())
         # A pair of types Spark does not cast between at all converts only a column without values.
-        can_cast = {c: castable(self.spark, _type_at(schema, c), t) for c, t in ordered}
+        can_cast = {c: castable(self.spark, type_at(schema, c), t) for c, t in ordered}
 
-        def lost(c: _ColumnPath, t: DataType) -> Column:
+        def lost(c: ColumnPath, t: DataType) -> Column:
             return column(c).try_cast(t).isNull() if can_cast[c] else F.lit(True)
 
-        def converted(c: _ColumnPath, t: DataType) -> Column:
+        def converted(c: ColumnPath, t: DataType) -> Column:
             return column(c).cast(t) if can_cast[c] else valueless_as(column(c), t, ".".join(c))
 
         unconvertible = table.agg(
@@ -494,7 +484,7 @@ class HistorySink:
             )
         ).first()
         assert unconvertible is not None
-        convertible: dict[_ColumnPath, DataType] = {}
+        convertible: dict[ColumnPath, DataType] = {}
         for index, (name, data_type) in enumerate(ordered):
             if unconvertible[f"_{index}"]:
                 log.warning(
@@ -882,10 +872,10 @@ class HistorySink:
         return True
 
 
-def _differing_types(schema: StructType, wanted: StructType) -> dict[_ColumnPath, DataType]:
+def _differing_types(schema: StructType, wanted: StructType) -> dict[ColumnPath, DataType]:
     """Columns (and fields of struct columns) that both have, with the wanted type where it differs."""
     have = {f.name.lower(): f for f in schema.fields}
-    differing: dict[_ColumnPath, DataType] = {}
+    differing: dict[ColumnPath, DataType] = {}
     for f in wanted.fields:
         existing = have.get(f.name.lower())
         if existing is None or existing.dataType == f.dataType:

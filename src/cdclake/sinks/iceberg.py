@@ -41,7 +41,7 @@ from pyspark.errors import AnalysisException
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructType, _parse_datatype_string
+from pyspark.sql.types import StructType, _parse_datatype_string
 
 from cdclake import apply, model
 from cdclake.apply import TablePlan
@@ -52,6 +52,7 @@ from cdclake.sinks.delta import (
     METADATA_COLUMNS,
     POSITION_COLUMN,
     SEQUENCE_BY_PROPERTY,
+    ColumnPath,
     DeltaSink,
     MergeStatement,
     Txn,
@@ -62,6 +63,7 @@ from cdclake.sinks.delta import (
     rewritten_rows,
     source_properties,
     sql_string,
+    type_at,
 )
 from cdclake.sinks.partitioning import Partitioning, fitting, from_iceberg, on_columns, partitioned
 from cdclake.spark import in_session
@@ -111,19 +113,6 @@ def _promotes(current: str, wanted: str) -> bool:
         and source.group(2) == target.group(2)
         and int(target.group(1)) > int(source.group(1))
     )
-
-
-def _field_type(schema: StructType, column: tuple[str, ...]) -> DataType | None:
-    """The type of the column (or struct field) at ``column`` in ``schema``, names matched in any case."""
-    data_type: DataType = schema
-    for part in column:
-        if not isinstance(data_type, StructType):
-            return None
-        found = [f for f in data_type.fields if f.name.lower() == part.lower()]
-        if not found:
-            return None
-        data_type = found[0].dataType
-    return data_type
 
 
 Identity = tuple[str | None, str | None, str]
@@ -394,8 +383,8 @@ class IcebergSink(DeltaSink):
         self._columns.pop(path, None)
 
     def widen_path_in_place(
-        self, path: str, changes: Mapping[tuple[str, ...], str], *, like: str | None = None
-    ) -> dict[tuple[str, ...], str]:
+        self, path: str, changes: Mapping[ColumnPath, str], *, like: str | None = None
+    ) -> dict[ColumnPath, str]:
         """Iceberg's own type promotions change the table's schema only, and every Iceberg reader reads the values of
         older files as the new type (spec, "Schema Evolution": int -> long, float -> double, decimal(P,S) ->
         decimal(P',S) with P' > P). The other widenings (an integer into a decimal, a decimal's scale) are left to
@@ -404,10 +393,8 @@ class IcebergSink(DeltaSink):
             return {}
         current = self.spark.table(self._identifier_of(path)).schema
 
-        def promoted(column: tuple[str, ...], wanted: str) -> bool:
-            stored = _field_type(current, column)
-            target = _parse_datatype_string(wanted).simpleString()
-            return stored is not None and _promotes(stored.simpleString(), target)
+        def promoted(column: ColumnPath, wanted: str) -> bool:
+            return _promotes(type_at(current, column).simpleString(), _parse_datatype_string(wanted).simpleString())
 
         promotions = {column: wanted for column, wanted in changes.items() if promoted(column, wanted)}
         return self._alter_column_types(self._identifier_of(path), promotions)
