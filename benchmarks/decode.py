@@ -11,6 +11,14 @@ decoder parses with: the module attribute ``RAW_SCHEMA``, else ``ENVELOPE_SCHEMA
   (``C3 01`` + 8-byte fingerprint) when a message has one;
 * JSON without a module schema: the schema Spark infers from a sample of 2,000 messages.
 
+Two binary formats keep each record's schema outside the module, so their envelope alone holds no row values:
+
+* Confluent-framed Avro (``debezium-avro``): per schema id, ``from_avro`` of that id's schema;
+* Avro records nested in an envelope whose schema is given by the stream's own metadata messages (``qlik-avro``:
+  a DT message's ``message`` bytes are written with the ``dataSchema`` of the MD message its ``messageSchemaId``
+  names, qlik.md 1 "Avro"): the MD messages are read first, as any consumer of the format must (one small job on
+  the driver, as the decoder does), then per data schema id ``from_avro`` of the DT messages' inner record.
+
 then one ``select`` of as many columns as the canonical event has (24): the six Kafka columns passed through and the
 envelope's leaves (nested struct fields, depth first; arrays and maps count as one leaf) to fill the rest. That is
 what "parse the envelope into the fields the canonical event needs" costs without any of the decoder's work (op
@@ -35,7 +43,7 @@ from pyspark.sql.types import DataType, StructType
 
 from benchmarks.workload import Workload, message_frame
 from cdclake import model
-from cdclake.formats import debezium_avro, decode_batch, get_format
+from cdclake.formats import debezium_avro, decode_batch, get_format, qlik_avro
 from cdclake.formats.base import MESSAGE_COLUMNS
 
 SCHEMA_ATTRIBUTES = ("RAW_SCHEMA", "ENVELOPE_SCHEMA", "AVRO_SCHEMA")
@@ -94,6 +102,8 @@ def baseline_frame(
     value = F.col("value")
     if encoding == "binary" and options and "schemas" in options:
         return _framed_baseline(messages, json.loads(options["schemas"]))
+    if format_name == qlik_avro.NAME:
+        return _nested_record_baseline(messages)
     if encoding == "binary":
         if schema is None:
             raise ValueError(f"{format_name}: binary format without a module-level Avro schema")
@@ -137,6 +147,47 @@ def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tupl
     union = functools.reduce(DataFrame.unionByName, frames)
     how = f"per schema id ({len(frames)}), from_avro(value after the 5-byte header, its schema), leaves as text"
     return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {wanted} envelope leaves"
+
+
+def _nested_record_baseline(messages: DataFrame) -> tuple[DataFrame, str]:
+    """Qlik Replicate Avro (see the module doc): the envelope with ``from_avro``; the MD messages' own records
+    decoded with their ``messageSchema`` and collected (schemaId -> dataSchema, Qlik's metadata store); then per data
+    schema id, its DT messages' ``message`` read with ``from_avro`` of that ``dataSchema`` and projected to the
+    record's leaves as text, headers first (padded with NULLs to the same count). The MD messages keep their envelope
+    leaves. All frames in one union."""
+    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
+    envelopes = messages.select(
+        *MESSAGE_COLUMNS, from_avro(F.col("value"), qlik_avro.ENVELOPE_SCHEMA, {"mode": "PERMISSIVE"}).alias("_e")
+    )
+    e = F.col("_e")
+    metadata = envelopes.where(e["type"] == "MD")
+    data_schemas: dict[str, str] = {}
+    for (text,) in metadata.select(e["messageSchema"]).distinct().collect():
+        record = from_avro(e["message"], text, {"mode": "PERMISSIVE"})
+        rows = metadata.where(e["messageSchema"] == text).select(record["schemaId"], record["dataSchema"]).collect()
+        data_schemas.update(dict(rows))
+
+    def as_text(leaves: list[tuple[str, Column]]) -> list[Column]:
+        columns = [column.cast("string") for _, column in leaves] + [F.lit(None).cast("string")] * wanted
+        return [c.alias(f"c{i}") for i, c in enumerate(columns[:wanted])]
+
+    frames = [metadata.select(*MESSAGE_COLUMNS, *as_text(_leaves(e, envelopes.schema["_e"].dataType, "_e")))]
+    for schema_id, data_schema in sorted(data_schemas.items()):
+        own = envelopes.where((e["type"] == "DT") & (e["messageSchemaId"] == schema_id)).select(
+            *MESSAGE_COLUMNS, from_avro(e["message"], data_schema, {"mode": "PERMISSIVE"}).alias("_r")
+        )
+        record_type = own.schema["_r"].dataType
+        assert isinstance(record_type, StructType)
+        r = F.col("_r")
+        order = sorted(record_type.fields, key=lambda f: f.name != "headers")  # headers (op, position, time) first
+        leaves = [leaf for f in order for leaf in _leaves(r[f.name], f.dataType, f"_r.{f.name}")]
+        frames.append(own.select(*MESSAGE_COLUMNS, *as_text(leaves)))
+    union = functools.reduce(DataFrame.unionByName, frames)
+    how = (
+        f"from_avro(value, envelope schema), MD records read on the driver, per data schema id ({len(data_schemas)}) "
+        "from_avro(message, its dataSchema), leaves as text"
+    )
+    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {wanted} record leaves"
 
 
 def _noop(frame: DataFrame) -> float:

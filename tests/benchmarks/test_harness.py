@@ -11,8 +11,12 @@ import pytest
 
 from benchmarks import plot
 from benchmarks.__main__ import main
+from benchmarks.decode import baseline_frame
 from benchmarks.memory import PeakSampler, driver_rss
 from benchmarks.report import TARGET_LINE
+from benchmarks.workload import WorkloadSpec, materialize, message_frame
+from cdclake import model
+from cdclake.formats import decode_batch, get_format
 
 
 @pytest.mark.spark
@@ -139,3 +143,35 @@ def test_the_soak_benchmark_samples_the_driver_and_checks_the_lake(
     assert out[-1].startswith("batches ")
     assert out[-1].endswith("the lake equals the source truth")
     assert not (tmp_path / "soak").exists()
+
+
+@pytest.mark.spark
+def test_the_qlik_avro_decode_baseline_reads_each_data_message_s_own_record(spark, tmp_path: Path) -> None:
+    """A Qlik Avro DT message's row values are in its inner record (written with its MD message's dataSchema), so the
+    hand-written parse the decoder is measured against reads that record too, not the envelope alone."""
+    workload = materialize(WorkloadSpec(format="qlik-avro", events=120, tables=3, keys_per_table=30), tmp_path)
+    messages = message_frame(spark, workload.path)
+    try:
+        baseline, description = baseline_frame(spark, messages, "qlik-avro", workload.format_options)
+        events = decode_batch(get_format("qlik-avro"), messages, workload.format_options).localCheckpoint()
+        rows = {row["offset"]: row for row in baseline.collect()}
+        decoded = {row[model.OFFSET]: row for row in events.collect()}
+    finally:
+        messages.unpersist()
+
+    assert "per data schema id (3)" in description
+    assert len(rows) == workload.messages == len(decoded)  # every message once, none lost by the per-id branches
+    data = [offset for offset, event in decoded.items() if event[model.OP] != model.Op.DDL]
+    assert len(data) == workload.messages - 3  # one MD message per table
+    for offset in data:
+        event, leaves = decoded[offset], rows[offset].asDict()
+        assert event[model.ERROR] is None
+        assert leaves["c0"] == event[model.VENDOR_OP]  # headers.operation leads the record's leaves
+        # Every integer and string value of the row's image is among the record's leaves as text (other types have
+        # other texts: the canonical text of a timestamp is its epoch microseconds).
+        texts = {value for name, value in leaves.items() if name.startswith("c")}
+        image = event[model.AFTER] or event[model.BEFORE]
+        types = {column["name"]: column["spark_type"] for column in event[model.COLUMNS]}
+        plain = {v for k, v in image.items() if v is not None and types[k] in ("bigint", "int", "string")}
+        assert plain, offset
+        assert plain <= texts, (offset, plain, texts)
