@@ -49,6 +49,8 @@ from cdclake.formats.base import MESSAGE_COLUMNS
 SCHEMA_ATTRIBUTES = ("RAW_SCHEMA", "ENVELOPE_SCHEMA", "AVRO_SCHEMA")
 AVRO_SINGLE_OBJECT_MAGIC = bytes([0xC3, 0x01])
 AVRO_SINGLE_OBJECT_HEADER = 10
+LEAVES = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
+"""How many parsed leaves a baseline selects beside the Kafka columns: as many columns as the canonical event has."""
 
 
 @dataclass
@@ -93,6 +95,13 @@ def _leaves(column: Column, data_type: DataType, path: str) -> list[tuple[str, C
     return [(path, column)]
 
 
+def _as_text(leaves: list[tuple[str, Column]]) -> list[Column]:
+    """The first :data:`LEAVES` of ``leaves`` as text columns ``c0``, ``c1``..., padded with NULLs to that count
+    (frames of several record schemas share one union)."""
+    columns = [column.cast("string") for _, column in leaves] + [F.lit(None).cast("string")] * LEAVES
+    return [c.alias(f"c{i}") for i, c in enumerate(columns[:LEAVES])]
+
+
 def baseline_frame(
     spark: SparkSession, messages: DataFrame, format_name: str, options: Mapping[str, str] | None = None
 ) -> tuple[DataFrame, str]:
@@ -122,8 +131,7 @@ def baseline_frame(
             parsed = F.from_json(value.cast("string"), schema)
     with_parsed = messages.select(*MESSAGE_COLUMNS, parsed.alias("_m"))
     parsed_type = with_parsed.schema["_m"].dataType
-    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
-    leaves = _leaves(F.col("_m"), parsed_type, "_m")[:wanted]
+    leaves = _leaves(F.col("_m"), parsed_type, "_m")[:LEAVES]
     frame = with_parsed.select(*MESSAGE_COLUMNS, *(column.alias(f"c{i}") for i, (_, column) in enumerate(leaves)))
     return frame, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {len(leaves)} envelope leaves"
 
@@ -132,7 +140,6 @@ def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tupl
     """Confluent-framed Avro (``0x00``, a 4-byte schema id, the record): per schema id, its messages read with
     ``from_avro`` of that id's schema and projected to the envelope's leaves (padded with NULLs to the same count),
     all ids' frames in one union."""
-    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
     schema_id = debezium_avro.schema_id(F.col("value"))
     body = F.substring(F.col("value"), debezium_avro.HEADER_BYTES + 1, 1 << 30)
     frames = []
@@ -141,12 +148,10 @@ def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tupl
         own = messages.where(schema_id == int(key)).select(
             *MESSAGE_COLUMNS, from_avro(body, text, {"mode": "PERMISSIVE"}).alias("_m")
         )
-        leaves = _leaves(F.col("_m"), own.schema["_m"].dataType, "_m")[:wanted]
-        columns = [column.cast("string") for _, column in leaves] + [F.lit(None).cast("string")] * wanted
-        frames.append(own.select(*MESSAGE_COLUMNS, *(c.alias(f"c{i}") for i, c in enumerate(columns[:wanted]))))
+        frames.append(own.select(*MESSAGE_COLUMNS, *_as_text(_leaves(F.col("_m"), own.schema["_m"].dataType, "_m"))))
     union = functools.reduce(DataFrame.unionByName, frames)
     how = f"per schema id ({len(frames)}), from_avro(value after the 5-byte header, its schema), leaves as text"
-    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {wanted} envelope leaves"
+    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {LEAVES} envelope leaves"
 
 
 def _nested_record_baseline(messages: DataFrame) -> tuple[DataFrame, str]:
@@ -155,7 +160,6 @@ def _nested_record_baseline(messages: DataFrame) -> tuple[DataFrame, str]:
     schema id, its DT messages' ``message`` read with ``from_avro`` of that ``dataSchema`` and projected to the
     record's leaves as text, headers first (padded with NULLs to the same count). The MD messages keep their envelope
     leaves. All frames in one union."""
-    wanted = len(model.CANONICAL_COLUMNS) - len(MESSAGE_COLUMNS)
     envelopes = messages.select(
         *MESSAGE_COLUMNS, from_avro(F.col("value"), qlik_avro.ENVELOPE_SCHEMA, {"mode": "PERMISSIVE"}).alias("_e")
     )
@@ -167,11 +171,7 @@ def _nested_record_baseline(messages: DataFrame) -> tuple[DataFrame, str]:
         rows = metadata.where(e["messageSchema"] == text).select(record["schemaId"], record["dataSchema"]).collect()
         data_schemas.update(dict(rows))
 
-    def as_text(leaves: list[tuple[str, Column]]) -> list[Column]:
-        columns = [column.cast("string") for _, column in leaves] + [F.lit(None).cast("string")] * wanted
-        return [c.alias(f"c{i}") for i, c in enumerate(columns[:wanted])]
-
-    frames = [metadata.select(*MESSAGE_COLUMNS, *as_text(_leaves(e, envelopes.schema["_e"].dataType, "_e")))]
+    frames = [metadata.select(*MESSAGE_COLUMNS, *_as_text(_leaves(e, envelopes.schema["_e"].dataType, "_e")))]
     for schema_id, data_schema in sorted(data_schemas.items()):
         own = envelopes.where((e["type"] == "DT") & (e["messageSchemaId"] == schema_id)).select(
             *MESSAGE_COLUMNS, from_avro(e["message"], data_schema, {"mode": "PERMISSIVE"}).alias("_r")
@@ -181,13 +181,13 @@ def _nested_record_baseline(messages: DataFrame) -> tuple[DataFrame, str]:
         r = F.col("_r")
         order = sorted(record_type.fields, key=lambda f: f.name != "headers")  # headers (op, position, time) first
         leaves = [leaf for f in order for leaf in _leaves(r[f.name], f.dataType, f"_r.{f.name}")]
-        frames.append(own.select(*MESSAGE_COLUMNS, *as_text(leaves)))
+        frames.append(own.select(*MESSAGE_COLUMNS, *_as_text(leaves)))
     union = functools.reduce(DataFrame.unionByName, frames)
     how = (
         f"from_avro(value, envelope schema), MD records read on the driver, per data schema id ({len(data_schemas)}) "
         "from_avro(message, its dataSchema), leaves as text"
     )
-    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {wanted} record leaves"
+    return union, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {LEAVES} record leaves"
 
 
 def _noop(frame: DataFrame) -> float:
