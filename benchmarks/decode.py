@@ -19,6 +19,11 @@ Two binary formats keep each record's schema outside the module, so their envelo
   names, qlik.md 1 "Avro"): the MD messages are read first, as any consumer of the format must (one small job on
   the driver, as the decoder does), then per data schema id ``from_avro`` of the DT messages' inner record.
 
+One JSON format keeps its row as text that no JSON parser reads as it is: DRS DDS (``drs-json-dds``) sends each
+document (``value``, ``where``) as Mongo-shell text inside the JSON message (drs.md 5 "Parsing"). Its baseline rewrites
+the shell constructors to JSON with the format's own rewrites (``drs_dds.SHELL_REWRITES``, which any consumer needs in
+some form) and reads both documents with ``from_json`` as maps of text, in place of the two envelope strings.
+
 then one ``select`` of as many columns as the canonical event has (24): the six Kafka columns passed through and the
 envelope's leaves (nested struct fields, depth first; arrays and maps count as one leaf) to fill the rest. That is
 what "parse the envelope into the fields the canonical event needs" costs without any of the decoder's work (op
@@ -43,7 +48,7 @@ from pyspark.sql.types import DataType, StructType
 
 from benchmarks.workload import Workload, message_frame
 from cdclake import model
-from cdclake.formats import debezium_avro, decode_batch, get_format, qlik_avro
+from cdclake.formats import debezium_avro, decode_batch, drs_dds, get_format, qlik_avro
 from cdclake.formats.base import MESSAGE_COLUMNS
 
 SCHEMA_ATTRIBUTES = ("RAW_SCHEMA", "ENVELOPE_SCHEMA", "AVRO_SCHEMA")
@@ -130,10 +135,21 @@ def baseline_frame(
             how = "from_json(value, module envelope schema)"
             parsed = F.from_json(value.cast("string"), schema)
     with_parsed = messages.select(*MESSAGE_COLUMNS, parsed.alias("_m"))
+    if format_name == drs_dds.NAME:
+        with_parsed, how = _shell_documents_parsed(with_parsed), f"{how}, documents rewritten and parsed"
     parsed_type = with_parsed.schema["_m"].dataType
     leaves = _leaves(F.col("_m"), parsed_type, "_m")[:LEAVES]
     frame = with_parsed.select(*MESSAGE_COLUMNS, *(column.alias(f"c{i}") for i, (_, column) in enumerate(leaves)))
     return frame, f"{how}, {len(MESSAGE_COLUMNS)} Kafka columns + {len(leaves)} envelope leaves"
+
+
+def _shell_documents_parsed(parsed: DataFrame) -> DataFrame:
+    """DRS DDS: the envelope's Mongo-shell documents (``value``, ``where``) turned into JSON by the format's
+    constructor rewrites, then read with ``from_json`` as ``MAP<STRING, STRING>`` in their envelope places."""
+    envelope = F.col("_m")
+    for name in ("value", "where"):
+        envelope = envelope.withField(name, F.from_json(drs_dds.shell_to_json(envelope[name]), "MAP<STRING, STRING>"))
+    return parsed.withColumn("_m", envelope)
 
 
 def _framed_baseline(messages: DataFrame, schemas: Mapping[str, object]) -> tuple[DataFrame, str]:

@@ -175,3 +175,31 @@ def test_the_qlik_avro_decode_baseline_reads_each_data_message_s_own_record(spar
         plain = {v for k, v in image.items() if v is not None and types[k] in ("bigint", "int", "string")}
         assert plain, offset
         assert plain <= texts, (offset, plain, texts)
+
+
+@pytest.mark.spark
+def test_the_drs_dds_decode_baseline_parses_the_shell_documents(spark, tmp_path: Path) -> None:
+    """A DRS DDS message holds its document as Mongo-shell text inside the JSON (drs.md 5), so the hand-written parse
+    the decoder is measured against rewrites and parses it too, not the envelope's string alone."""
+    workload = materialize(WorkloadSpec(format="drs-json-dds", events=120, tables=3, keys_per_table=30), tmp_path)
+    messages = message_frame(spark, workload.path)
+    try:
+        baseline, description = baseline_frame(spark, messages, "drs-json-dds", workload.format_options)
+        events = decode_batch(get_format("drs-json-dds"), messages, workload.format_options).localCheckpoint()
+        rows = {row["offset"]: row for row in baseline.collect()}
+        decoded = {row[model.OFFSET]: row for row in events.collect()}
+    finally:
+        messages.unpersist()
+
+    assert "documents rewritten and parsed" in description
+    assert len(rows) == workload.messages == len(decoded)
+    inserts = [offset for offset, event in decoded.items() if event[model.OP] == model.Op.INSERT]
+    assert inserts
+    for offset in inserts:
+        event, document = decoded[offset], rows[offset]["c5"]  # c5: the envelope's `value`, after `coll`
+        assert event[model.ERROR] is None
+        assert document is not None, offset
+        assert document.keys() == event[model.AFTER].keys(), offset
+        for name, text in event[model.AFTER].items():
+            # Spark's JSON reader gives a number's text through a double (2.0 stays "2.0"; the decoder writes "2").
+            assert document[name] == text or float(document[name]) == float(text), (offset, name)
