@@ -135,6 +135,8 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "generated-apply": _generated_apply,
     "interpreted-projections": lambda spark: session_settings(spark, {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}),
     "no-wholestage-codegen": lambda spark: session_settings(spark, {"spark.sql.codegen.wholeStage": "false"}),
+    # Spark's own limit for whole-stage generated methods, before cdclake.spark.JIT_HUGE_METHOD_LIMIT (8,000).
+    "huge-methods-65535": lambda spark: session_settings(spark, {"spark.sql.codegen.hugeMethodLimit": "65535"}),
     # Delta's auto compaction by the count of small files only, without its default mode's compaction of every table
     # on the first commit that adds files to it in the process (tried and reverted: AGENTS.md).
     "count-only-compaction": lambda spark: session_settings(
@@ -173,7 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variant", required=True, choices=sorted(VARIANTS))
     parser.add_argument("--baseline", default="same", choices=sorted(VARIANTS))
+    parser.add_argument("--format", default=WorkloadSpec.format, help="the workload's format (default %(default)s)")
     parser.add_argument("--tables", type=int, default=10)
+    parser.add_argument("--extra-columns", type=int, default=0, help="padding columns added to every table")
     parser.add_argument("--keys-per-table", type=int, default=0)
     parser.add_argument("--events-per-batch", type=int, default=25_000)
     parser.add_argument("--batches", type=int, default=4)
@@ -186,6 +190,8 @@ def main() -> None:
     spark = get_session("cdclake-ab", master="local[2]")
     first = args.first_batch_events or args.events_per_batch
     spec = WorkloadSpec(
+        format=args.format,
+        extra_columns=args.extra_columns,
         events=first + args.events_per_batch * (args.batches - 1),
         tables=args.tables,
         keys_per_table=args.keys_per_table or max(16, args.events_per_batch * args.batches // (2 * args.tables)),

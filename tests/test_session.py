@@ -279,6 +279,30 @@ def test_a_session_without_delta_snapshot_partitions_gets_a_few_and_a_set_value_
 
 
 @pytest.mark.spark
+def test_a_session_without_a_huge_method_limit_gets_hotspot_s_and_a_set_value_is_kept(spark, tmp_path: Path) -> None:
+    """Whole-stage generated methods beyond 8,000 bytes are never JIT-compiled by HotSpot; a pipeline makes Spark run
+    such a stage's operators apart on a session that has Spark's default (cdclake.spark.JIT_HUGE_METHOD_LIMIT has the
+    figures). The embedded session has it from the start; a value the session was given is the user's and stays."""
+    from cdclake.pipeline import Pipeline, PipelineSettings
+    from cdclake.spark import HUGE_METHOD_LIMIT
+
+    embedded = spark.conf.get(HUGE_METHOD_LIMIT)
+    assert embedded == "8000"
+    settings = PipelineSettings(lake=str(tmp_path / "lake"), app_id="huge-methods", default_format="maxwell-json")
+    try:
+        spark.conf.unset(HUGE_METHOD_LIMIT)
+        assert spark.conf.get(HUGE_METHOD_LIMIT) == "65535"  # Spark's default
+        Pipeline(spark, settings)
+        assert spark.conf.get(HUGE_METHOD_LIMIT) == "8000"
+
+        spark.conf.set(HUGE_METHOD_LIMIT, "65535")
+        Pipeline(spark, settings)
+        assert spark.conf.get(HUGE_METHOD_LIMIT) == "65535"
+    finally:
+        spark.conf.set(HUGE_METHOD_LIMIT, embedded)
+
+
+@pytest.mark.spark
 def test_a_pipeline_turns_lateral_aliases_off_so_a_lambda_reads_the_input_column(spark, tmp_path: Path) -> None:
     """Spark 4.1 with lateral column aliases (its default) resolved ``image`` inside the second expression's lambda
     to the first expression's alias, not to the input column: the chained key changes' deltas lost a column that

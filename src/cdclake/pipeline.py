@@ -79,6 +79,8 @@ from cdclake.sinks.delta import (
 from cdclake.sinks.partitioning import PartitionBy, check_partition_by
 from cdclake.small_files import SmallFiles
 from cdclake.spark import (
+    HUGE_METHOD_LIMIT,
+    JIT_HUGE_METHOD_LIMIT,
     LATERAL_ALIASES,
     avro_limit_options,
     is_local_checkpoint,
@@ -399,6 +401,8 @@ class Pipeline:
         spark.conf.set(LATERAL_ALIASES, "false")
         if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
             spark.conf.set(SNAPSHOT_PARTITIONS, str(snapshot_partitions(spark.sparkContext.defaultParallelism)))
+        if spark.conf.get(HUGE_METHOD_LIMIT, None) is None:
+            spark.conf.set(HUGE_METHOD_LIMIT, str(JIT_HUGE_METHOD_LIMIT))
         pin_jvm_classes(spark)  # for sessions that cdclake.spark.get_session did not make
         # get_format fails fast on unknown names.
         formats = [

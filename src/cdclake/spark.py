@@ -90,6 +90,24 @@ LATERAL_ALIASES: Final = "spark.sql.lateralColumnAlias.enableImplicitResolution"
 """Off in every session cdclake runs in: Spark 4.1 resolves a name inside a lambda to an alias made earlier in the
 same select (a lateral column alias) before the input column of that name (see ``cdclake.pipeline.Pipeline``)."""
 
+HUGE_METHOD_LIMIT: Final = "spark.sql.codegen.hugeMethodLimit"
+JIT_HUGE_METHOD_LIMIT: Final = 8000
+"""The largest method of whole-stage generated code that Spark keeps: HotSpot's own limit (``-XX:HugeMethodLimit``),
+as Spark's documentation of the setting recommends on HotSpot (Spark's default is 65,535, Java's largest method).
+
+HotSpot compiles no method longer than 8,000 bytes of bytecode, so such a method runs in the interpreter for as long
+as the JVM lives; above the limit Spark runs the stage's operators apart instead, each with its own generated
+projections, split into small methods. Three decoders generate one (Spark logs "Generated method too long to be JIT
+compiled"): Maxwell 15,251 bytes (the projections after its commit markers' ``explode``), Qlik Avro 10,230 and Qlik
+JSON 9,853. In a JFR profile of Maxwell decoding, 16% of the executor samples were in that interpreted method. The
+decode benchmark's 20,000 events, both settings alternated in one session (best of 7 after 3 warm-ups): Maxwell
+2.20 -> 1.75 s, Qlik Avro 1.82 -> 1.55 s, Qlik JSON 2.12 -> 1.96 s, Canal (no such method) 0.91 -> 0.92 s. Whole
+steady batches, 8,000 as B (now ``python -m benchmarks.ab --variant huge-methods-65535`` compares the other way):
+DataWorks, 10 tables, B/A 0.96; Maxwell 0.87, and 0.96 with the sides swapped (the tool's order effect alone has been
+0.90-0.96), its decode step 3-9% quicker either way; 3 DataWorks tables of 208 columns 0.95. Set
+on sessions that have no value of their own by :class:`cdclake.pipeline.Pipeline` too; a session's own value is
+kept."""
+
 EMBEDDED_CONF: Final = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -129,6 +147,9 @@ EMBEDDED_CONF: Final = {
     # more, so every batch compiled them again (10 DataWorks tables, 100,000 messages per batch: 250 compilations in
     # the third batch, 48 with 1,000 entries). A static setting: it cannot be set on a running session.
     "spark.sql.codegen.cache.maxEntries": "1000",
+    # Whole-stage generated code with a method beyond HotSpot's limit for JIT compilation runs interpreted instead.
+    # See JIT_HUGE_METHOD_LIMIT.
+    HUGE_METHOD_LIMIT: str(JIT_HUGE_METHOD_LIMIT),
     # PySpark records the Python call site of every Column function for error messages: about seven JVM round trips
     # per call, and a decoder makes thousands per micro-batch (DataWorks: 14,541 calls and 0.46 s -> 4,559 and
     # 0.27 s). cdclake's expressions use try_* functions and do not raise at run time. See the README for clusters.
