@@ -976,13 +976,20 @@ class TablePlan:
 
 
 def _valued_columns() -> Column:
-    """Names of the declared columns that have a value (not NULL) in the event's before or after image."""
+    """Names of the declared columns that have a value (not NULL) in the event's before or after image.
+
+    From the images' own entries, not a lookup of each declared name in them: Spark finds a map key by scanning the
+    keys, so a lookup per column costs the square of the width. 3 DataWorks tables of 208 columns, 12,525 events:
+    the batch summary (:func:`plan_tables`) took 4.73 s with lookups, 1.23 s like this (best of 5, alternated); with
+    8 columns 0.24 s either way.
+    """
+
+    def valued_names(image: Column) -> Column:
+        valued = F.map_keys(F.map_filter(image, lambda _name, value: value.isNotNull()))
+        return F.coalesce(valued, F.array().cast("array<string>"))
+
     after, before = F.col(model.AFTER), F.col(model.BEFORE)
-
-    def has_value(column: Column) -> Column:
-        return F.coalesce(after[column["name"]].isNotNull() | before[column["name"]].isNotNull(), F.lit(False))
-
-    return F.filter(F.col(model.COLUMNS), has_value)["name"]
+    return F.array_intersect(F.col(model.COLUMNS)["name"], F.array_union(valued_names(after), valued_names(before)))
 
 
 def identifying_image() -> Column:

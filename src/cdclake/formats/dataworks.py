@@ -116,12 +116,21 @@ def _image(image: Column, types: Column, has_row_id: Column, is_oracle: Column) 
     value): the re-encoding when the message declares a DATE column, the renaming when the image holds a hidden
     row id. The tests of both are generated code. Measured on 25k DataWorks messages (20k events, 2 cores): decode
     1.32 -> 1.21 s and 1.52 -> 1.44 s in two interleaved runs.
+
+    An image that lists its columns in the order of ``schema.dataColumn`` (as DataWorks writes both) pairs each value
+    with its declared type by position; another order looks each type up by name. Spark finds a map key by scanning
+    the keys, so a lookup per value costs the square of the table's width: 3 tables of 208 columns, 12,525 events,
+    decode 10.31 -> 6.02 s (best of 6, alternated, plans built anew); with 8 columns 1.06 -> 1.11 s.
     """
     declares_date = F.coalesce(F.array_contains(F.map_values(types), F.lit("DATE")), F.lit(False))
-    converted = F.when(
-        declares_date,
-        F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v)),
-    ).otherwise(image)
+    names = F.map_keys(image)
+    by_name = F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v))
+    by_position = F.map_from_arrays(
+        names, F.zip_with(F.map_values(image), F.map_values(types), lambda v, t: _canonical_text(t, v))
+    )
+    converted = F.when(declares_date, F.when(names == F.map_keys(types), by_position).otherwise(by_name)).otherwise(
+        image
+    )
     kept = F.map_filter(converted, lambda k, _v: has_row_id | ~_is_hidden(k, is_oracle))
     renamed = F.transform_keys(
         kept, lambda k, _v: F.when(_is_hidden(k, is_oracle), F.lit(model.ROW_ID_COLUMN)).otherwise(k)
