@@ -6,15 +6,17 @@ from __future__ import annotations
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pyspark.sql import Row
 
 from benchmarks import plot
 from benchmarks.__main__ import main
 from benchmarks.decode import baseline_frame
 from benchmarks.memory import PeakSampler, driver_rss
 from benchmarks.report import TARGET_LINE
-from benchmarks.workload import WorkloadSpec, materialize, message_frame
+from benchmarks.workload import Workload, WorkloadSpec, materialize, message_frame
 from cdclake import model
 from cdclake.formats import decode_batch, get_format
 
@@ -145,19 +147,28 @@ def test_the_soak_benchmark_samples_the_driver_and_checks_the_lake(
     assert not (tmp_path / "soak").exists()
 
 
-@pytest.mark.spark
-def test_the_qlik_avro_decode_baseline_reads_each_data_message_s_own_record(spark, tmp_path: Path) -> None:
-    """A Qlik Avro DT message's row values are in its inner record (written with its MD message's dataSchema), so the
-    hand-written parse the decoder is measured against reads that record too, not the envelope alone."""
-    workload = materialize(WorkloadSpec(format="qlik-avro", events=120, tables=3, keys_per_table=30), tmp_path)
+def _baseline_and_decoded(
+    spark: Any, tmp_path: Path, format_name: str
+) -> tuple[Workload, str, dict[int, Row], dict[int, Row]]:
+    """A small workload of ``format_name`` (120 events over 3 tables), its decode baseline's description, and the
+    baseline's rows and the decoder's events, each by Kafka offset."""
+    workload = materialize(WorkloadSpec(format=format_name, events=120, tables=3, keys_per_table=30), tmp_path)
     messages = message_frame(spark, workload.path)
     try:
-        baseline, description = baseline_frame(spark, messages, "qlik-avro", workload.format_options)
-        events = decode_batch(get_format("qlik-avro"), messages, workload.format_options).localCheckpoint()
+        baseline, description = baseline_frame(spark, messages, format_name, workload.format_options)
+        events = decode_batch(get_format(format_name), messages, workload.format_options).localCheckpoint()
         rows = {row["offset"]: row for row in baseline.collect()}
         decoded = {row[model.OFFSET]: row for row in events.collect()}
     finally:
         messages.unpersist()
+    return workload, description, rows, decoded
+
+
+@pytest.mark.spark
+def test_the_qlik_avro_decode_baseline_reads_each_data_message_s_own_record(spark, tmp_path: Path) -> None:
+    """A Qlik Avro DT message's row values are in its inner record (written with its MD message's dataSchema), so the
+    hand-written parse the decoder is measured against reads that record too, not the envelope alone."""
+    workload, description, rows, decoded = _baseline_and_decoded(spark, tmp_path, "qlik-avro")
 
     assert "per data schema id (3)" in description
     assert len(rows) == workload.messages == len(decoded)  # every message once, none lost by the per-id branches
@@ -181,15 +192,7 @@ def test_the_qlik_avro_decode_baseline_reads_each_data_message_s_own_record(spar
 def test_the_drs_dds_decode_baseline_parses_the_shell_documents(spark, tmp_path: Path) -> None:
     """A DRS DDS message holds its document as Mongo-shell text inside the JSON (drs.md 5), so the hand-written parse
     the decoder is measured against rewrites and parses it too, not the envelope's string alone."""
-    workload = materialize(WorkloadSpec(format="drs-json-dds", events=120, tables=3, keys_per_table=30), tmp_path)
-    messages = message_frame(spark, workload.path)
-    try:
-        baseline, description = baseline_frame(spark, messages, "drs-json-dds", workload.format_options)
-        events = decode_batch(get_format("drs-json-dds"), messages, workload.format_options).localCheckpoint()
-        rows = {row["offset"]: row for row in baseline.collect()}
-        decoded = {row[model.OFFSET]: row for row in events.collect()}
-    finally:
-        messages.unpersist()
+    workload, description, rows, decoded = _baseline_and_decoded(spark, tmp_path, "drs-json-dds")
 
     assert "documents rewritten and parsed" in description
     assert len(rows) == workload.messages == len(decoded)
