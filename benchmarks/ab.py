@@ -82,6 +82,17 @@ def _plans_per_batch(_: Any) -> Iterator[None]:
         yield
 
 
+def _looked_up_merge_columns(image: Any, _in_order: Any, names: Any) -> list[tuple[Any, Any]]:
+    keys = F.map_keys(image)
+    return [(image[name], F.array_contains(keys, F.lit(name))) for name in names]
+
+
+def _merge_source_lookups(_: Any) -> AbstractContextManager[Any]:
+    """Every table column of a MERGE source looked up in the image by name (before delta._image_columns read an
+    image in the table's column order by position)."""
+    return mock.patch.object(delta, "_image_columns", _looked_up_merge_columns)
+
+
 def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:
     """No read of the lake tables' CHECK constraints per batch (before cdclake.constraints)."""
     return mock.patch.object(DeltaSink, "check_constraints", return_value={})
@@ -116,6 +127,7 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "plans-per-batch": _plans_per_batch,
     "no-constraint-reads": _no_constraint_reads,
     "no-key-ranges": _no_key_ranges,
+    "merge-source-lookups": _merge_source_lookups,
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,

@@ -321,6 +321,44 @@ def test_key_ranges_keep_exactly_the_target_rows_a_source_key_can_match(spark, s
         assert got == want, (source_texts, got, want)
 
 
+def test_a_merge_source_reads_an_image_by_position_only_when_it_lists_the_table_columns_in_order(spark) -> None:  # type: ignore[no-untyped-def]
+    """The MERGE source's value and presence of each table column (delta._in_table_order, delta._image_columns):
+    the same as a lookup by name for an image in the table's order (read by position), in another order, partial,
+    with a column the table lacks, with a NULL value, empty and NULL. An image in another order read by position
+    would swap its values."""
+    from pyspark.sql import functions as F
+
+    from cdclake.sinks.delta import _image_columns, _in_table_order
+
+    names = ["id", "a", "b"]
+    images: list[dict[str, str | None] | None] = [
+        {"id": "1", "a": "x", "b": "y"},
+        {"b": "y", "id": "2", "a": "x"},
+        {"id": "3", "b": "y"},
+        {"id": "4", "a": "x", "b": "y", "c": "z"},
+        {"id": "5", "a": None, "b": "y"},
+        {},
+        None,
+    ]
+
+    def literal(image: dict[str, str | None] | None) -> str:
+        if image is None:
+            return "CAST(NULL AS MAP<STRING, STRING>)"
+        pairs = ", ".join(f"'{k}', {'NULL' if v is None else repr(v)}" for k, v in image.items())
+        return f"CAST(map({pairs}) AS MAP<STRING, STRING>)"
+
+    selects = (f"SELECT {i} AS n, {literal(image)} AS image" for i, image in enumerate(images))
+    frame = spark.sql(" UNION ALL ".join(selects)).withColumn("in_order", _in_table_order(F.col("image"), names))
+    columns = _image_columns(F.col("image"), F.col("in_order"), names)
+    read = frame.select("n", *(F.struct(value, present) for value, present in columns)).orderBy("n").collect()
+    got = [[tuple(cell) for cell in row[1:]] for row in read]
+    want = [
+        [(None, None)] * len(names) if image is None else [(image.get(name), name in image) for name in names]
+        for image in images
+    ]
+    assert got == want
+
+
 @pytest.mark.parametrize(("keyed", "updated_inserted_deleted"), [(True, ("5", "10", "1")), (False, ("0", "15", "6"))])
 def test_a_merge_of_new_and_recent_keys_does_not_read_the_files_of_older_keys(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool, updated_inserted_deleted: tuple[str, str, str]
