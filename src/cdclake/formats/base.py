@@ -330,6 +330,15 @@ DUPLICATE_KEY: Final = "_duplicate_key"
 """The column :func:`with_unique_keys` adds: where a JSON object read as a MAP repeats a key, else null."""
 
 
+def values_in_key_order(mapping: Column, keys: Column) -> Column:
+    """``mapping``'s values for ``keys`` (an array), in their order: NULL for a key it lacks.
+
+    When ``mapping`` lists exactly ``keys``, in that order (a vendor writes a row's values and its column types from
+    one column list), they are its values as they stand; otherwise each key is looked up. Spark finds a map key by
+    scanning the keys, so a lookup per key costs the square of the row's width."""
+    return F.when(keys == F.map_keys(mapping), F.map_values(mapping)).otherwise(F.transform(keys, lambda k: mapping[k]))
+
+
 def with_unique_keys(df: DataFrame, parsed: Column, name: str) -> DataFrame:
     """``df`` plus the parsed JSON message ``parsed`` as column ``name``, null where one of its JSON objects read as a
     MAP (at any depth of structs and arrays) repeats a key, and :data:`DUPLICATE_KEY`, which says where (null when no

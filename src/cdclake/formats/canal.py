@@ -41,6 +41,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    values_in_key_order,
     with_missing_as_null,
     with_unique_keys,
 )
@@ -598,9 +599,7 @@ def _decode(messages: DataFrame, dialect: Dialect, zone: str, swapped: bool) -> 
         columns in the order of the type map (Canal builds both from one column list): then the types are the
         type map's values as they stand; otherwise each key is looked up once."""
         keys = F.map_keys(full)
-        types = F.when(keys == F.map_keys(spark_types), F.map_values(spark_types)).otherwise(
-            F.transform(keys, lambda k: spark_types[k])
-        )
+        types = values_in_key_order(spark_types, keys)
         values = F.zip_with(F.map_values(full), types, lambda v, t: canonical_value(dialect, t, v, zone))
         return F.map_from_arrays(keys, values)
 

@@ -25,6 +25,7 @@ from cdclake.formats.base import (
     finish,
     first_error,
     op_from_code,
+    values_in_key_order,
     with_unique_keys,
 )
 from cdclake.model import Op
@@ -118,19 +119,15 @@ def _image(image: Column, types: Column, has_row_id: Column, is_oracle: Column) 
     1.32 -> 1.21 s and 1.52 -> 1.44 s in two interleaved runs.
 
     An image that lists its columns in the order of ``schema.dataColumn`` (as DataWorks writes both) pairs each value
-    with its declared type by position; another order looks each type up by name. Spark finds a map key by scanning
-    the keys, so a lookup per value costs the square of the table's width: 3 tables of 208 columns, 12,525 events,
-    decode 10.31 -> 6.02 s (best of 6, alternated, plans built anew); with 8 columns 1.06 -> 1.11 s.
+    with its declared type by position; another order looks each type up by name (:func:`values_in_key_order`): 3
+    tables of 208 columns, 12,525 events, decode 10.31 -> 6.02 s (best of 6, alternated, plans built anew); with 8
+    columns 1.06 -> 1.11 s. A NULL declared type leaves the value as it is, as ``STRING`` does.
     """
     declares_date = F.coalesce(F.array_contains(F.map_values(types), F.lit("DATE")), F.lit(False))
     names = F.map_keys(image)
-    by_name = F.transform_values(image, lambda k, v: _canonical_text(F.coalesce(types[k], F.lit("STRING")), v))
-    by_position = F.map_from_arrays(
-        names, F.zip_with(F.map_values(image), F.map_values(types), lambda v, t: _canonical_text(t, v))
-    )
-    converted = F.when(declares_date, F.when(names == F.map_keys(types), by_position).otherwise(by_name)).otherwise(
-        image
-    )
+    # A message whose JSON repeats a key has no image here (with_unique_keys): the names are distinct.
+    values = F.zip_with(F.map_values(image), values_in_key_order(types, names), lambda v, t: _canonical_text(t, v))
+    converted = F.when(declares_date, F.map_from_arrays(names, values)).otherwise(image)
     kept = F.map_filter(converted, lambda k, _v: has_row_id | ~_is_hidden(k, is_oracle))
     renamed = F.transform_keys(
         kept, lambda k, _v: F.when(_is_hidden(k, is_oracle), F.lit(model.ROW_ID_COLUMN)).otherwise(k)
