@@ -322,13 +322,13 @@ def test_key_ranges_keep_exactly_the_target_rows_a_source_key_can_match(spark, s
 
 
 def test_a_merge_source_reads_an_image_by_position_only_when_it_lists_the_table_columns_in_order(spark) -> None:  # type: ignore[no-untyped-def]
-    """The MERGE source's value and presence of each table column (delta.in_table_order, delta._image_columns):
+    """The MERGE source's value and presence of each table column (delta._in_table_order, delta._image_columns):
     the same as a lookup by name for an image in the table's order (read by position), in another order, partial,
     with a column the table lacks, with a NULL value, empty and NULL. An image in another order read by position
     would swap its values."""
     from pyspark.sql import functions as F
 
-    from cdclake.sinks.delta import _image_columns, in_table_order
+    from cdclake.sinks.delta import _image_columns, _in_table_order
 
     names = ["id", "a", "b"]
     images: list[dict[str, str | None] | None] = [
@@ -348,7 +348,7 @@ def test_a_merge_source_reads_an_image_by_position_only_when_it_lists_the_table_
         return f"CAST(map({pairs}) AS MAP<STRING, STRING>)"
 
     selects = (f"SELECT {i} AS n, {literal(image)} AS image" for i, image in enumerate(images))
-    frame = spark.sql(" UNION ALL ".join(selects)).withColumn("in_order", in_table_order(F.col("image"), names))
+    frame = spark.sql(" UNION ALL ".join(selects)).withColumn("in_order", _in_table_order(F.col("image"), names))
     columns = _image_columns(F.col("image"), F.col("in_order"), names)
     read = frame.select("n", *(F.struct(value, present) for value, present in columns)).orderBy("n").collect()
     got = [[tuple(cell) for cell in row[1:]] for row in read]

@@ -394,38 +394,28 @@ DEFAULT_METADATA: Final = "CURRENT_DEFAULT"
 catalog takes no DEFAULT here)."""
 
 
-IMAGE_IN_TABLE_ORDER: Final = "_image_in_table_order"
-"""A staged column: whether the row's image lists exactly the table's columns, in order (:func:`in_table_order`)."""
+_IMAGE_IN_TABLE_ORDER: Final = "_image_in_table_order"
+"""A MERGE source's staged column: whether the row's image lists exactly the table's columns, in their order."""
 
 
-def in_table_order(image: Column, names: Sequence[str]) -> Column:
-    """Whether ``image`` lists exactly ``names``, in their order. Staged once per row (as
-    :data:`IMAGE_IN_TABLE_ORDER`), apart from the columns that read it: Spark copies an expression into each place
-    that uses it, and a copy of the names' array per table column makes a plan (and every task's binary) that grows
-    with the square of the width."""
+def _in_table_order(image: Column, names: Sequence[str]) -> Column:
+    """Whether ``image`` lists exactly ``names``, in their order. Staged once per row as :data:`_IMAGE_IN_TABLE_ORDER`,
+    apart from the columns that read it: Spark copies an expression into each place that uses it, and a copy of the
+    names' array per table column makes a plan (and every task's binary) that grows with the square of the width."""
     return F.map_keys(image) == F.array(*(F.lit(name) for name in names))
 
 
-def image_value(image: Column, in_order: Column, position: int, name: str) -> Column:
-    """The ``image``'s value of column ``name`` (NULL when it lacks it), the ``position``-th of the table's columns.
+def _image_columns(image: Column, in_order: Column, names: Sequence[str]) -> list[tuple[Column, Column]]:
+    """Per name in ``names``: the ``image``'s value (NULL when it lacks the name) and whether the image has the name.
 
-    An image ``in_order`` (:func:`in_table_order`) is read by position: the usual full row image, since a table
-    cdclake creates takes its columns in the order the source declares them. Another image looks the name up. Spark
+    An image ``in_order`` (:func:`_in_table_order`) is read by position: the usual full row image, since a table
+    cdclake creates takes its columns in the order the source declares them. Another image looks each name up. Spark
     finds a map key by scanning the keys, so a lookup per column costs the square of the table's width on every row.
     """
-    return F.when(in_order, F.get(F.map_values(image), position)).otherwise(image[name])
-
-
-def image_has(image: Column, in_order: Column, name: str) -> Column:
-    """Whether ``image`` has the table's column ``name`` (every one when it is ``in_order``)."""
-    return in_order | F.array_contains(F.map_keys(image), F.lit(name))
-
-
-def _image_columns(image: Column, in_order: Column, names: Sequence[str]) -> list[tuple[Column, Column]]:
-    """Per table column in ``names``: the ``image``'s value and whether the image has the column."""
+    keys, values = F.map_keys(image), F.map_values(image)
     return [
-        (image_value(image, in_order, position, name), image_has(image, in_order, name))
-        for position, name in enumerate(names)
+        (F.when(in_order, F.get(values, index)).otherwise(image[name]), in_order | F.array_contains(keys, F.lit(name)))
+        for index, name in enumerate(names)
     ]
 
 
@@ -460,14 +450,14 @@ def merge_statement(
         F.col(apply.KIND).alias(OP_COLUMN),
     ]
     names = [name for name, _ in table_columns]
-    image, in_order = F.col(apply.IMAGE), F.col(IMAGE_IN_TABLE_ORDER)
+    image, in_order = F.col(apply.IMAGE), F.col(_IMAGE_IN_TABLE_ORDER)
     image_columns = _image_columns(image, in_order, names)
     for index, ((_, spark_type), (value, present)) in enumerate(zip(table_columns, image_columns, strict=True)):
         source_columns.append(model.typed_value(value, spark_type).alias(f"_c{index}"))
         source_columns.append(present.alias(f"_p{index}"))
     staged = changes.coalesce(partitions)
     if names:
-        staged = staged.withColumn(IMAGE_IN_TABLE_ORDER, in_table_order(image, names))
+        staged = staged.withColumn(_IMAGE_IN_TABLE_ORDER, _in_table_order(image, names))
     source = staged.select(*source_columns, *carried)
     index_of = {name.lower(): i for i, (name, _) in enumerate(table_columns)}
     missing_keys = [k for k in plan.key_columns if k.lower() not in index_of]

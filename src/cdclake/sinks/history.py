@@ -58,7 +58,6 @@ from cdclake.ddl import widened
 from cdclake.model import Op, quote
 from cdclake.sinks.delta import (
     EVENT_TIME_COLUMN,
-    IMAGE_IN_TABLE_ORDER,
     OP_COLUMN,
     POSITION_COLUMN,
     ColumnPath,
@@ -66,9 +65,6 @@ from cdclake.sinks.delta import (
     MergeStatement,
     Txn,
     concurrently,
-    image_has,
-    image_value,
-    in_table_order,
     in_turns,
     inserted_rows,
     source_properties,
@@ -190,14 +186,6 @@ def _placed(chain_part: DataFrame, truncate_positions: Sequence[str]) -> DataFra
     )
     tail = F.when(is_truncate, 1).otherwise(0)
     return staged.select("*", epoch.alias("_epoch"), tail.alias("_tail")).drop("_log")
-
-
-def _order_checked(frame: DataFrame, columns: Sequence[tuple[str, str]], images: Mapping[str, Column]) -> DataFrame:
-    """``frame`` with a column per entry of ``images`` (its name -> the image): whether the image lists the lake
-    table's ``columns`` in their order (delta.in_table_order), checked once per row and then read by every column."""
-    names = [name for name, _ in columns]
-    checks = ((in_table_order(image, names) if names else F.lit(False)).alias(name) for name, image in images.items())
-    return frame.select("*", *checks)
 
 
 def _typed(spark_type: str) -> DataType:
@@ -547,18 +535,12 @@ class HistorySink:
         after, before = F.col(model.AFTER), F.col(model.BEFORE)
         image = F.coalesce(after, before)
         typed = dict(columns)
-        staged = _order_checked(events, columns, {"_after_in_order": after, "_before_in_order": before})
-        after_in_order, before_in_order = F.col("_after_in_order"), F.col("_before_in_order")
-        image_in_order = F.when(after.isNotNull(), after_in_order).otherwise(before_in_order)
         before_type = schema[BEFORE_COLUMN].dataType if BEFORE_COLUMN in schema.fieldNames() else StructType()
         assert isinstance(before_type, StructType)
         before_struct = F.when(
             before.isNotNull(),
             F.struct(
-                *(
-                    self._typed_or_null(before, before_in_order, f.name, typed, f.dataType).alias(f.name)
-                    for f in before_type.fields
-                )
+                *(self._typed_or_null(before, f.name, typed, f.dataType).alias(f.name) for f in before_type.fields)
             ),
         )
         partial = after.isNotNull() & F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))
@@ -579,11 +561,9 @@ class HistorySink:
             BATCH_ID_COLUMN: F.lit(batch_id).cast("bigint"),
         }
         source_columns = [
-            (
-                values[f.name]
-                if f.name in values
-                else self._typed_or_null(image, image_in_order, f.name, typed, f.dataType)
-            ).alias(f"_c{index}")
+            (values[f.name] if f.name in values else self._typed_or_null(image, f.name, typed, f.dataType)).alias(
+                f"_c{index}"
+            )
             for index, f in enumerate(schema.fields)
         ]
         alias = {f.name: f"_c{index}" for index, f in enumerate(schema.fields)}
@@ -591,7 +571,7 @@ class HistorySink:
         # Copies of an event inside the batch (re-sends) are logged once: the first received.
         first = Window.partitionBy(*identity).orderBy(alias[PARTITION_COLUMN], alias[OFFSET_COLUMN])
         source = (
-            staged.select(*source_columns)
+            events.select(*source_columns)
             .withColumn("_copy", F.row_number().over(first))
             .where(F.col("_copy") == 1)
             .drop("_copy")
@@ -616,15 +596,12 @@ class HistorySink:
         if not self._write(item, path, statement):
             self._changelog(item, events, row_keys, batch_id)
 
-    def _typed_or_null(
-        self, image: Column, in_order: Column, name: str, types: Mapping[str, str], data_type: DataType
-    ) -> Column:
-        """The image's value of column ``name`` typed like the lake table (of columns ``types``, in order; an image
-        ``in_order`` lists them: delta.image_value); NULL for a history column the lake table no longer has, and for
-        a value that does not fit the older type a history column kept (see _retype)."""
+    def _typed_or_null(self, image: Column, name: str, types: Mapping[str, str], data_type: DataType) -> Column:
+        """The image's value of column ``name`` typed like the lake table; NULL for a history column the lake table
+        no longer has, and for a value that does not fit the older type a history column kept (see _retype)."""
         if name not in types:
             return F.lit(None).cast(data_type)
-        value = model.typed_value(image_value(image, in_order, list(types).index(name), name), types[name])
+        value = model.typed_value(image[name], types[name])
         if data_type.simpleString() == types[name]:
             return value
         if castable(self.spark, _typed(types[name]), data_type):
@@ -701,8 +678,7 @@ class HistorySink:
 
         # Copies of a change (re-sends) count once.
         unique_changes = changes.dropDuplicates([apply.ROW_KEY, apply.ORDER, apply.KIND, model.SUB_INDEX])
-        image, in_order = F.col(apply.IMAGE), F.col(IMAGE_IN_TABLE_ORDER)
-        unique_changes = _order_checked(unique_changes, columns, {IMAGE_IN_TABLE_ORDER: image})
+        image = F.col(apply.IMAGE)
         full = (F.col(apply.KIND) == apply.UPSERT) & ~F.col(apply.PARTIAL)
         new_events = unique_changes.select(
             F.col(apply.ROW_KEY).alias("_key"),
@@ -717,17 +693,11 @@ class HistorySink:
             F.lit(None).cast("timestamp").alias("_was_to_time"),
             F.lit(None).cast("boolean").alias("_was_current"),
             *(
-                self._typed_or_null(image, in_order, name, types, data_type).alias(f"_v{i}")
+                self._typed_or_null(image, name, types, data_type).alias(f"_v{i}")
                 for i, (name, data_type) in enumerate(user)
             ),
             # Full images set every column (absent = NULL); partial ones and delete before images only theirs.
-            *(
-                (
-                    full
-                    | (image_has(image, in_order, name) if name in types else F.map_contains_key(image, F.lit(name)))
-                ).alias(f"_s{i}")
-                for i, (name, _) in enumerate(user)
-            ),
+            *((full | F.map_contains_key(image, F.lit(name))).alias(f"_s{i}") for i, (name, _) in enumerate(user)),
         )
 
         # Truncates: the stored markers and the batch's, applied to every key in play.
