@@ -195,6 +195,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--merge-threads", type=int, default=0)
     parser.add_argument("--first-batch-events", type=int, default=0, help="a bigger first batch (large tables)")
+    parser.add_argument(
+        "--history", choices=("changelog", "scd2"), help="both sides also write this history table of every table"
+    )
     args = parser.parse_args()
 
     from cdclake.spark import get_session
@@ -225,6 +228,8 @@ def main() -> None:
         threads = int(name.removeprefix("threads-")) if name.startswith("threads-") else args.merge_threads
         if threads:
             settings = PipelineSettings(**{**settings.__dict__, "merge_threads": threads})
+        if args.history:
+            settings = PipelineSettings(**{**settings.__dict__, args.history: True})
         if name == "partitioned":
             settings = PipelineSettings(**{**settings.__dict__, "partition_by": PARTITION_BY})
         if name.startswith("deletion-vectors-"):
