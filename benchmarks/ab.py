@@ -14,6 +14,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from typing import Any
 from unittest import mock
 
@@ -23,7 +24,7 @@ from benchmarks.workload import OUT, WorkloadSpec, materialize, message_frame
 from cdclake import pipeline
 from cdclake.formats import _plans
 from cdclake.pipeline import Pipeline, PipelineSettings
-from cdclake.sinks import delta
+from cdclake.sinks import delta, history
 from cdclake.sinks.delta import DeltaSink
 from cdclake.spark import session_settings
 
@@ -93,6 +94,23 @@ def _merge_source_lookups(_: Any) -> AbstractContextManager[Any]:
     return mock.patch.object(delta, "_image_columns", _looked_up_merge_columns)
 
 
+def _scd2_running_windows(_: Any) -> AbstractContextManager[Any]:
+    """Every SCD2 chain with two running windows per column, as a batch with partial images needs (before
+    history.HistorySink._scd2 took one offset window for batches without them)."""
+    scd2 = history.HistorySink._scd2
+    return mock.patch.object(
+        history.HistorySink, "_scd2", lambda self, item, changes: scd2(self, replace(item, partial=True), changes)
+    )
+
+
+@contextmanager
+def _history_as_before(spark: Any) -> Iterator[None]:
+    """History tables written with the session's constraint propagation (before history.WRITE_SETTINGS) and every
+    SCD2 chain with running windows (:func:`_scd2_running_windows`)."""
+    with mock.patch.dict(history.WRITE_SETTINGS, clear=True), _scd2_running_windows(spark):
+        yield
+
+
 def _no_constraint_reads(_: Any) -> AbstractContextManager[Any]:
     """No read of the lake tables' CHECK constraints per batch (before cdclake.constraints)."""
     return mock.patch.object(DeltaSink, "check_constraints", return_value={})
@@ -128,6 +146,9 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "no-constraint-reads": _no_constraint_reads,
     "no-key-ranges": _no_key_ranges,
     "merge-source-lookups": _merge_source_lookups,
+    "scd2-running-windows": _scd2_running_windows,
+    "history-as-before": _history_as_before,
+    "history-constraint-propagation": lambda _: mock.patch.dict(history.WRITE_SETTINGS, clear=True),
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,

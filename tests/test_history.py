@@ -506,6 +506,53 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
     ]
 
 
+@pytest.mark.spark
+def test_a_key_only_delete_without_partial_images_in_its_batch_shows_the_row_it_ends(
+    spark, lake, tmp_path: Path
+) -> None:
+    """Batches without partial after images take SCD2's one-window path (``_Work.partial`` False): a key-only delete
+    shows the version it ends, stored in an earlier batch or written earlier in its own."""
+    first = tmp_path / "first.jsonl"
+    first.write_text(_ogg("I", 100, after={"ORDER_ID": 1, "CUSTOMER": "A", "AMOUNT": 10.5, "NOTE": "n1"}) + "\n")
+    second = tmp_path / "second.jsonl"
+    second.write_text(
+        "\n".join(
+            [
+                _ogg("D", 300, before={"ORDER_ID": 1}),
+                _ogg("I", 400, after={"ORDER_ID": 2, "CUSTOMER": "B", "AMOUNT": 2.0, "NOTE": None}),
+                _ogg("D", 500, before={"ORDER_ID": 2}),
+                _ogg("I", 600, after={"ORDER_ID": 2, "CUSTOMER": "C", "AMOUNT": 3.0, "NOTE": "n3"}),
+                _ogg("D", 700, before={"ORDER_ID": 2, "CUSTOMER": "C", "AMOUNT": 3.5, "NOTE": "n3"}),
+            ]
+        )
+        + "\n"
+    )
+    replay(spark, lake=lake, format_name="ogg-json", paths=[str(first), str(second)], scd2=True)
+    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS")
+    assert scd2 is not None
+    versions = [
+        (
+            r["ORDER_ID"],
+            r["CUSTOMER"],
+            r["AMOUNT"],
+            r["NOTE"],
+            int(r["_cdc_valid_from"][:-2]),
+            r["_cdc_valid_to"] and int(r["_cdc_valid_to"][:-2]),
+            r["_cdc_is_deleted"],
+        )
+        for r in scd2.orderBy("_cdc_valid_from").collect()
+    ]
+    assert versions == [
+        (1, "A", 10.5, "n1", 100, 300, False),
+        (1, "A", 10.5, "n1", 300, None, True),
+        (2, "B", 2.0, None, 400, 500, False),
+        (2, "B", 2.0, None, 500, 600, True),
+        (2, "C", 3.0, "n3", 600, 700, False),
+        # A full before image shows itself, not the version it ends.
+        (2, "C", 3.5, "n3", 700, None, True),
+    ]
+
+
 def test_history_config_selects_tables_and_names_the_fix() -> None:
     base = {"lake": "/data/lake", "kafka": {"bootstrap_servers": "b:9092", "topics": ["t"]}, "format": "dataworks-json"}
     assert settings_from_config(parse_config(base), "app").changelog is False

@@ -72,7 +72,7 @@ from cdclake.sinks.delta import (
     turn_marker,
     type_at,
 )
-from cdclake.spark import castable, local_frame, valueless_as
+from cdclake.spark import castable, local_frame, session_settings, valueless_as
 from cdclake.tables import TableFilter
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,17 @@ def _placed(chain_part: DataFrame, truncate_positions: Sequence[str]) -> DataFra
     return staged.select("*", epoch.alias("_epoch"), tail.alias("_tail")).drop("_log")
 
 
+WRITE_SETTINGS: Final = {
+    # Without Catalyst's constraint propagation while the history tables are written. Its cost grows with the
+    # aliases and predicates of a plan (Spark's doc of the setting says as much), and an SCD2 statement has several
+    # aliases per user column: optimising the MERGE source of a table of 208 columns took 6.3-7.1 s with it, 1.1-1.3 s
+    # without (80% of it in PruneFilters, which asks every Filter's child for its constraints). What it would infer
+    # here (IsNotNull of the join columns) skips no file: the statements' own conditions bound the stored rows read.
+    "spark.sql.constraintPropagation.enabled": "false",
+}
+"""Session settings while :meth:`HistorySink.record` writes (restored after it)."""
+
+
 def _typed(spark_type: str) -> DataType:
     return _parse_datatype_string(spark_type)
 
@@ -207,6 +218,9 @@ class _Work:
     sources: tuple[str, ...]
     """The source tables whose events go into this history table (:func:`apply.table_id`): the plan's, and those of
     the other source tables that share its lake table and write with it (:func:`_together`)."""
+    partial: bool
+    """Whether an event of these tables in the batch has a partial after image (SCD2 then carries each column's value
+    from change to change, see :meth:`HistorySink._scd2`)."""
 
 
 def _together(work: Sequence[_Work], path_of: Callable[[_Work], str]) -> list[_Work]:
@@ -236,7 +250,8 @@ def _together(work: Sequence[_Work], path_of: Callable[[_Work], str]) -> list[_W
             known |= {name.lower() for name, _ in item.columns}
         oldest = min(item.oldest for item in (first, *others))
         sources = tuple(item.plan.table_id for item in (first, *others))
-        items.append(_Work(first.kind, first.plan, columns, oldest, [], sources))
+        partial = any(item.partial for item in (first, *others))
+        items.append(_Work(first.kind, first.plan, columns, oldest, [], sources, partial))
     return items
 
 
@@ -301,6 +316,7 @@ class HistorySink:
                 F.collect_set(F.when(op == TRUNCATE, F.struct(order.alias("order"), F.col(model.EVENT_TIME)))).alias(
                     "truncates"
                 ),
+                F.bool_or(F.coalesce(F.col(model.AFTER_IS_PARTIAL), F.lit(False))).alias("partial"),
             )
             .collect()
         )
@@ -314,10 +330,11 @@ class HistorySink:
                 event_time = truncate[model.EVENT_TIME]
                 truncate_times[truncate["order"]] = event_time if known is None else min(known, event_time or known)
             truncates = sorted(truncate_times.items())
+            sources, partial = (plan.table_id,), bool(row["partial"])
             if plan.table_id in logged:
-                work.append(_Work("changelog", plan, columns, row["oldest"], truncates, (plan.table_id,)))
+                work.append(_Work("changelog", plan, columns, row["oldest"], truncates, sources, partial))
             if plan.table_id in versioned:
-                work.append(_Work("scd2", plan, columns, row["oldest"], truncates, (plan.table_id,)))
+                work.append(_Work("scd2", plan, columns, row["oldest"], truncates, sources, partial))
         changes = apply.row_changes(relevant, keys)
         if made_whole is not None:
             changes = apply.with_moves_made_whole(changes, made_whole)
@@ -340,11 +357,12 @@ class HistorySink:
         def prepare(item: _Work) -> None:
             self._prepare(item, defer_creation=writers[self._path_of(item)] == 1)
 
-        for turn in turns:
-            concurrently(prepare, turn, threads)
-        for index, turn in enumerate(turns):
-            with self.sink.idempotent(turn_marker(txn, index)):
-                concurrently(write, turn, threads)
+        with session_settings(self.spark, WRITE_SETTINGS):
+            for turn in turns:
+                concurrently(prepare, turn, threads)
+            for index, turn in enumerate(turns):
+                with self.sink.idempotent(turn_marker(txn, index)):
+                    concurrently(write, turn, threads)
 
     # ---------------------------------------------------------------------------------------------------------
     # Tables
@@ -719,13 +737,13 @@ class HistorySink:
             F.lit(None).cast("string").alias("_was_to"),
             F.lit(None).cast("timestamp").alias("_was_to_time"),
             F.lit(None).cast("boolean").alias("_was_current"),
-            *(F.lit(None).cast(data_type).alias(f"_v{i}") for i, (_, data_type) in enumerate(user)),
+            # No values (the union gives them as NULLs: no cast per column to build here); nothing captured.
             *(F.lit(False).alias(f"_s{i}") for i in range(len(user))),
         )
         chain = (
             _placed(stored_events, truncate_positions)
             .unionByName(_placed(new_events, truncate_positions))
-            .unionByName(_placed(marker_events, truncate_positions))
+            .unionByName(_placed(marker_events, truncate_positions), allowMissingColumns=True)
         )
 
         # At equal orders a stored row sorts last and so wins (it is the same change, already complete).
@@ -733,21 +751,38 @@ class HistorySink:
         by_key = Window.partitionBy("_key").orderBy(
             "_epoch", "_tail", apply.comparable_order(F.col("_order")), "_stored", "_partition", "_offset", "_sub_index"
         )
-        up_to_here = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        before_here = by_key.rowsBetween(Window.unboundedPreceding, -1)
         kind, order, stored_row = F.col("_kind"), F.col("_order"), F.col("_stored") == 1
         shown: list[Column] = []
-        for i, (_, data_type) in enumerate(user):
-            value, captured = F.col(f"_v{i}"), F.col(f"_s{i}")
-            # What a change leaves in column i for the next one: an upsert its captured value (a partial image
-            # keeps the previous one), a delete or truncate nothing (a later partial image starts from NULLs).
-            setter = F.when(kind == apply.UPSERT, F.when(captured, F.struct(value.alias("v")))).otherwise(
-                F.struct(F.lit(None).cast(data_type).alias("v"))
-            )
-            state = F.last(setter, ignorenulls=True).over(up_to_here)["v"]
-            previous = F.last(setter, ignorenulls=True).over(before_here)["v"]
-            # A delete shows its before image over the version it ends; a truncate the version it ends.
-            shown.append(F.when(kind == apply.UPSERT, state).when(captured, value).otherwise(previous).alias(f"_r{i}"))
+        if item.partial:
+            up_to_here = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            before_here = by_key.rowsBetween(Window.unboundedPreceding, -1)
+            for i, (_, data_type) in enumerate(user):
+                value, captured = F.col(f"_v{i}"), F.col(f"_s{i}")
+                # What a change leaves in column i for the next one: an upsert its captured value (a partial image
+                # keeps the previous one), a delete or truncate nothing (a later partial image starts from NULLs).
+                setter = F.when(kind == apply.UPSERT, F.when(captured, F.struct(value.alias("v")))).otherwise(
+                    F.struct(F.lit(None).cast(data_type).alias("v"))
+                )
+                state = F.last(setter, ignorenulls=True).over(up_to_here)["v"]
+                previous = F.last(setter, ignorenulls=True).over(before_here)["v"]
+                # A delete shows its before image over the version it ends; a truncate the version it ends.
+                shown.append(
+                    F.when(kind == apply.UPSERT, state).when(captured, value).otherwise(previous).alias(f"_r{i}")
+                )
+        else:
+            # Without partial images every upsert sets every column: the state a change leaves is its own image (an
+            # upsert) or nothing (a delete, a truncate), so the state before a change is the previous change's. One
+            # offset window for all columns instead of two running ones per column, whose planning and evaluation
+            # cost grows with the table's width (a table of 208 columns, about 130 changes: AGENTS.md).
+            previous_image = F.lag(
+                F.when(kind == apply.UPSERT, F.struct(*(F.col(f"_v{i}") for i in range(len(user)))))
+            ).over(by_key)
+            # An upsert captures every column; a delete shows its before image over the version it ends (what it
+            # lacks, from that version), a truncate the version it ends.
+            shown = [
+                F.when(F.col(f"_s{i}"), F.col(f"_v{i}")).otherwise(previous_image[f"_v{i}"]).alias(f"_r{i}")
+                for i in range(len(user))
+            ]
         next_order = F.lead("_order").over(by_key)
         last_of_order = next_order.isNull() | (next_order != order)
         # The first half of a split update (order "<position>/0") followed by its second half is no deletion. A first
@@ -818,10 +853,9 @@ class HistorySink:
             F.lit(False).alias("_is_current"),
             F.lit(True).alias("_is_deleted"),
             F.lit(TRUNCATE).alias("_kind"),
-            *(F.lit(None).cast(data_type).alias(f"_r{i}") for i, (_, data_type) in enumerate(user)),
             F.lit("I").alias("_action"),
         )
-        source = versions.unionByName(marker_rows)
+        source = versions.unionByName(marker_rows, allowMissingColumns=True)  # a marker row has no values
 
         insert = {quote(name): f"s._r{i}" for i, (name, _) in enumerate(user)}
         insert.update(
