@@ -149,6 +149,9 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "scd2-running-windows": _scd2_running_windows,
     "history-as-before": _history_as_before,
     "history-constraint-propagation": lambda _: mock.patch.dict(history.WRITE_SETTINGS, clear=True),
+    "no-constraint-propagation": lambda spark: session_settings(
+        spark, {"spark.sql.constraintPropagation.enabled": "false"}
+    ),
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
