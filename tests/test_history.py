@@ -434,6 +434,27 @@ def _ogg(op: str, pos: int, before: dict[str, Any] | None = None, after: dict[st
     return json.dumps(message)
 
 
+def _ogg_versions(spark, lake: str) -> list[tuple[Any, ...]]:
+    """The SCD2 versions of ``_ogg``'s table: its columns, then the versions' orders (the positions), whether
+    current, whether deleted, and op."""
+    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS")
+    assert scd2 is not None
+    return [
+        (
+            r["ORDER_ID"],
+            r["CUSTOMER"],
+            r["AMOUNT"],
+            r["NOTE"],
+            int(r["_cdc_valid_from"][:-2]),
+            r["_cdc_valid_to"] and int(r["_cdc_valid_to"][:-2]),
+            r["_cdc_is_current"],
+            r["_cdc_is_deleted"],
+            r["_cdc_op"],
+        )
+        for r in scd2.orderBy("_cdc_valid_from").collect()
+    ]
+
+
 @pytest.mark.spark
 def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path) -> None:
     """OGG compressed updates carry the key and the changed columns only; a key-only delete shows the row it ends."""
@@ -465,24 +486,7 @@ def test_partial_images_overlay_the_previous_version(spark, lake, tmp_path: Path
         changelog=True,
         scd2=["SALES.ORDERS"],
     )
-    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS")
-    assert scd2 is not None
-    rows = scd2.orderBy("_cdc_valid_from").collect()
-    versions = [
-        (
-            r["ORDER_ID"],
-            r["CUSTOMER"],
-            r["AMOUNT"],
-            r["NOTE"],
-            int(r["_cdc_valid_from"][:-2]),
-            r["_cdc_valid_to"] and int(r["_cdc_valid_to"][:-2]),
-            r["_cdc_is_current"],
-            r["_cdc_is_deleted"],
-            r["_cdc_op"],
-        )
-        for r in rows
-    ]
-    assert versions == [
+    assert _ogg_versions(spark, lake) == [
         (1, "A", 10.5, "n1", 100, 300, False, False, "UPSERT"),
         (1, "A", 11.75, "n1", 300, 700, False, False, "UPSERT"),
         (1, "A", 11.75, None, 700, 800, False, False, "UPSERT"),
@@ -528,28 +532,14 @@ def test_a_key_only_delete_without_partial_images_in_its_batch_shows_the_row_it_
         + "\n"
     )
     replay(spark, lake=lake, format_name="ogg-json", paths=[str(first), str(second)], scd2=True)
-    scd2 = history_table(spark, lake, "scd2", "SALES", "ORDERS")
-    assert scd2 is not None
-    versions = [
-        (
-            r["ORDER_ID"],
-            r["CUSTOMER"],
-            r["AMOUNT"],
-            r["NOTE"],
-            int(r["_cdc_valid_from"][:-2]),
-            r["_cdc_valid_to"] and int(r["_cdc_valid_to"][:-2]),
-            r["_cdc_is_deleted"],
-        )
-        for r in scd2.orderBy("_cdc_valid_from").collect()
-    ]
-    assert versions == [
-        (1, "A", 10.5, "n1", 100, 300, False),
-        (1, "A", 10.5, "n1", 300, None, True),
-        (2, "B", 2.0, None, 400, 500, False),
-        (2, "B", 2.0, None, 500, 600, True),
-        (2, "C", 3.0, "n3", 600, 700, False),
+    assert _ogg_versions(spark, lake) == [
+        (1, "A", 10.5, "n1", 100, 300, False, False, "UPSERT"),
+        (1, "A", 10.5, "n1", 300, None, True, True, "DELETE"),
+        (2, "B", 2.0, None, 400, 500, False, False, "UPSERT"),
+        (2, "B", 2.0, None, 500, 600, False, True, "DELETE"),
+        (2, "C", 3.0, "n3", 600, 700, False, False, "UPSERT"),
         # A full before image shows itself, not the version it ends.
-        (2, "C", 3.5, "n3", 700, None, True),
+        (2, "C", 3.5, "n3", 700, None, True, True, "DELETE"),
     ]
 
 
