@@ -103,11 +103,17 @@ def _scd2_running_windows(_: Any) -> AbstractContextManager[Any]:
     )
 
 
+def _history_constraint_propagation(_: Any) -> AbstractContextManager[Any]:
+    """History tables written with the session's constraint propagation (before history wrote them under
+    delta.NO_CONSTRAINT_PROPAGATION); lake MERGEs keep their setting."""
+    return mock.patch.object(history, "NO_CONSTRAINT_PROPAGATION", {})
+
+
 @contextmanager
 def _history_as_before(spark: Any) -> Iterator[None]:
-    """History tables written with the session's constraint propagation (before history.WRITE_SETTINGS) and every
-    SCD2 chain with running windows (:func:`_scd2_running_windows`)."""
-    with mock.patch.dict(history.WRITE_SETTINGS, clear=True), _scd2_running_windows(spark):
+    """History tables written with the session's constraint propagation (:func:`_history_constraint_propagation`)
+    and every SCD2 chain with running windows (:func:`_scd2_running_windows`)."""
+    with _history_constraint_propagation(spark), _scd2_running_windows(spark):
         yield
 
 
@@ -148,10 +154,8 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "merge-source-lookups": _merge_source_lookups,
     "scd2-running-windows": _scd2_running_windows,
     "history-as-before": _history_as_before,
-    "history-constraint-propagation": lambda _: mock.patch.dict(history.WRITE_SETTINGS, clear=True),
-    "no-constraint-propagation": lambda spark: session_settings(
-        spark, {"spark.sql.constraintPropagation.enabled": "false"}
-    ),
+    "history-constraint-propagation": _history_constraint_propagation,
+    "no-constraint-propagation": lambda spark: session_settings(spark, delta.NO_CONSTRAINT_PROPAGATION),
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,

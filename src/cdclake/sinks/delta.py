@@ -394,6 +394,22 @@ DEFAULT_METADATA: Final = "CURRENT_DEFAULT"
 catalog takes no DEFAULT here)."""
 
 
+NO_CONSTRAINT_PROPAGATION: Final = {"spark.sql.constraintPropagation.enabled": "false"}
+"""Session settings while MERGEs are planned: a lake table's (:meth:`DeltaSink.merging`) and a history table's
+(``cdclake.sinks.history``). Catalyst's constraint propagation infers predicates through every alias of a plan, at a
+cost that grows with the square of the aliases (Spark's doc of the setting warns of it), and a MERGE source has
+several per table column, planned several times by Delta. What it would infer here (IsNotNull of the join columns)
+skips no file: the statements' own conditions bound what they read. Measured (AGENTS.md):
+
+* the SCD2 MERGE source of one table of 208 columns took 6.3-7.1 s to optimise with it, 1.1-1.3 s without (80% of
+  it in PruneFilters, which asks every Filter's child for its constraints);
+* 3 DataWorks tables of 208 columns, batches of 12,525 events (``python -m benchmarks.ab --variant
+  no-constraint-propagation --tables 3 --extra-columns 200 --events-per-batch 10000``, the setting on whole
+  batches): MERGE step 26.6 -> 20.4 s over three steady batches, decoding unchanged (so it keeps the setting);
+* 100 tables of 5-8 columns: within the tool's order effect (B/A 0.87 with the setting second, 1.02 with it first).
+"""
+
+
 _IMAGE_IN_TABLE_ORDER: Final = "_image_in_table_order"
 """A MERGE source's staged column: whether the row's image lists exactly the table's columns, in their order."""
 
@@ -1614,14 +1630,7 @@ class DeltaSink:
           over it. The pipeline's MERGE sources are local checkpoints, computed once and never recomputed (a lost
           block fails the batch, which is then re-run), so the copy is pure cost: a Spark job per table. Delta
           refuses an uncopied source whose plan holds cached data, so a source must be checkpointed, not persisted.
-        * No constraint propagation: Catalyst's inference of predicates through every alias costs with the square of
-          a plan's aliases, and a MERGE source has two per table column, planned several times by Delta. What it
-          infers here (IsNotNull of the join keys) skips no file: the MERGE's own conditions bound what it reads.
-          3 DataWorks tables of 208 columns, batches of 12,525 events (``python -m benchmarks.ab --variant
-          no-constraint-propagation --tables 3 --extra-columns 200 --events-per-batch 10000``, the setting on whole
-          batches): MERGE step 26.6 -> 20.4 s over three steady batches, decoding unchanged; 100 tables of 5-8
-          columns: within the tool's order effect (B/A 0.87 with the setting second, 1.02 with it first). History
-          tables: ``cdclake.sinks.history.WRITE_SETTINGS``.
+        * :data:`NO_CONSTRAINT_PROPAGATION`.
         """
         share = max(1, self._shuffle_partitions() // max(1, min(tables, concurrency)))
         with session_settings(
@@ -1629,7 +1638,7 @@ class DeltaSink:
             {
                 "spark.sql.shuffle.partitions": str(share),
                 "spark.databricks.delta.merge.materializeSource": "none",
-                "spark.sql.constraintPropagation.enabled": "false",
+                **NO_CONSTRAINT_PROPAGATION,
             },
         ):
             yield

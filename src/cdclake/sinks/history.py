@@ -58,6 +58,7 @@ from cdclake.ddl import widened
 from cdclake.model import Op, quote
 from cdclake.sinks.delta import (
     EVENT_TIME_COLUMN,
+    NO_CONSTRAINT_PROPAGATION,
     OP_COLUMN,
     POSITION_COLUMN,
     ColumnPath,
@@ -186,17 +187,6 @@ def _placed(chain_part: DataFrame, truncate_positions: Sequence[str]) -> DataFra
     )
     tail = F.when(is_truncate, 1).otherwise(0)
     return staged.select("*", epoch.alias("_epoch"), tail.alias("_tail")).drop("_log")
-
-
-WRITE_SETTINGS: Final = {
-    # Without Catalyst's constraint propagation while the history tables are written. Its cost grows with the
-    # aliases and predicates of a plan (Spark's doc of the setting says as much), and an SCD2 statement has several
-    # aliases per user column: optimising the MERGE source of a table of 208 columns took 6.3-7.1 s with it, 1.1-1.3 s
-    # without (80% of it in PruneFilters, which asks every Filter's child for its constraints). What it would infer
-    # here (IsNotNull of the join columns) skips no file: the statements' own conditions bound the stored rows read.
-    "spark.sql.constraintPropagation.enabled": "false",
-}
-"""Session settings while :meth:`HistorySink.record` writes (restored after it)."""
 
 
 def _typed(spark_type: str) -> DataType:
@@ -357,7 +347,8 @@ class HistorySink:
         def prepare(item: _Work) -> None:
             self._prepare(item, defer_creation=writers[self._path_of(item)] == 1)
 
-        with session_settings(self.spark, WRITE_SETTINGS):
+        # An SCD2 statement has several aliases per user column: planned without constraint propagation.
+        with session_settings(self.spark, NO_CONSTRAINT_PROPAGATION):
             for turn in turns:
                 concurrently(prepare, turn, threads)
             for index, turn in enumerate(turns):
