@@ -11,7 +11,6 @@ CPU of the JIT compiler threads. Read from ``/proc``, so Linux only. Figures beh
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.cpu import process_cpu, thread_cpu
 from tests.conftest import TEST_JVM_OPTIONS
 
 STREAMS = [
@@ -30,29 +30,6 @@ STREAMS = [
     ("qlik-json", False),
 ] * 2
 """(format, with an SCD2 table) replayed in order by each JVM: different decoders and history, as tests mix them."""
-
-
-def _cpu_seconds(stat: Path) -> float:
-    """User + system CPU seconds in a ``/proc`` ``stat`` file (of a process or one of its threads)."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu(pid: int) -> float:
-    """CPU seconds of the whole process, threads that ended included."""
-    return _cpu_seconds(Path(f"/proc/{pid}/stat"))
-
-
-def _thread_cpu(pid: int, name_part: str) -> float:
-    """CPU seconds of the process's live threads whose name holds ``name_part``."""
-    total = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if name_part in (task / "comm").read_text():
-                total += _cpu_seconds(task / "stat")
-        except OSError:  # the thread ended meanwhile
-            continue
-    return total
 
 
 def _one_jvm(options: str, streams: int) -> None:
@@ -77,7 +54,7 @@ def _one_jvm(options: str, streams: int) -> None:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     print(
-        f"RESULT {time.perf_counter() - started:.1f} {_process_cpu(pid):.1f} {_thread_cpu(pid, 'Compiler'):.1f}",
+        f"RESULT {time.perf_counter() - started:.1f} {process_cpu(pid):.1f} {thread_cpu(pid, 'Compiler'):.1f}",
         flush=True,
     )
     spark.stop()

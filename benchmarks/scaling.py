@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from benchmarks.workload import WorkloadSpec, materialize, message_frame
+from benchmarks.workload import Workload, WorkloadSpec, materialize, message_frame
 from cdclake.pipeline import Pipeline, PipelineSettings
 
 TIMED_BATCHES = 3
@@ -41,26 +41,49 @@ class ScalingPoint:
     """Every timed batch, in order."""
 
 
+def workload_spec(
+    tables: int, events_per_batch: int, batches: int = 1 + TIMED_BATCHES, format_name: str = "dataworks-json"
+) -> WorkloadSpec:
+    """The workload of ``batches`` batches of ``events_per_batch`` events over ``tables`` tables."""
+    return WorkloadSpec(
+        format=format_name,
+        events=batches * events_per_batch,
+        tables=tables,
+        # The same share of updates per key whatever T: each table's key pool fits its share of the changes.
+        keys_per_table=max(16, events_per_batch // tables),
+    )
+
+
+def scaling_pipeline(spark: SparkSession, workload: Workload, lake: Path, app_id: str) -> Pipeline:
+    """A pipeline applying the workload's messages to ``lake``, as the scaling benchmark runs it."""
+    settings = PipelineSettings(
+        lake=str(lake),
+        app_id=app_id,
+        default_format=workload.spec.format,
+        format_options={workload.spec.format: workload.format_options},
+        keys=workload.keys,
+        name="bench-scaling",
+    )
+    return Pipeline(spark, settings)
+
+
+def cut(messages: DataFrame, count: int, batches: int) -> list[DataFrame]:
+    """The ``count`` messages of a message frame (offsets 0 to count - 1) cut by offset into ``batches`` batches."""
+    size = -(-count // batches)
+    offset = F.col("offset")
+    return [messages.where((offset >= index * size) & (offset < (index + 1) * size)) for index in range(batches)]
+
+
 def measure_point(spark: SparkSession, spec: WorkloadSpec, work: Path) -> ScalingPoint:
     workload = materialize(spec)
-    messages = message_frame(spark, workload.path)
     lake = work / f"scaling-{spec.tables}"
     shutil.rmtree(lake, ignore_errors=True)
+    messages = message_frame(spark, workload.path)
     try:
-        size = -(-workload.messages // (1 + TIMED_BATCHES))
-        settings = PipelineSettings(
-            lake=str(lake),
-            app_id=f"bench-scaling-{spec.tables}",
-            default_format=spec.format,
-            format_options={spec.format: workload.format_options},
-            keys=workload.keys,
-            name="bench-scaling",
-        )
-        pipeline = Pipeline(spark, settings)
+        pipeline = scaling_pipeline(spark, workload, lake, f"bench-scaling-{spec.tables}")
         timed = []
         first_seconds = 0.0
-        for index in range(1 + TIMED_BATCHES):
-            batch = messages.where((F.col("offset") >= index * size) & (F.col("offset") < (index + 1) * size))
+        for index, batch in enumerate(cut(messages, workload.messages, 1 + TIMED_BATCHES)):
             started = time.perf_counter()
             result = pipeline.process_batch(batch, index)
             seconds = time.perf_counter() - started
@@ -94,14 +117,7 @@ def measure(
 ) -> list[ScalingPoint]:
     points = []
     for tables in table_counts:
-        spec = WorkloadSpec(
-            format=format_name,
-            events=(1 + TIMED_BATCHES) * events_per_batch,
-            tables=tables,
-            # The same share of updates per key whatever T: each table's key pool fits its share of the changes.
-            keys_per_table=max(16, events_per_batch // tables),
-        )
-        point = measure_point(spark, spec, work)
+        point = measure_point(spark, workload_spec(tables, events_per_batch, format_name=format_name), work)
         steps = " ".join(f"{k}={v:.2f}" for k, v in point.steps.items())
         each = ", ".join(f"{seconds:.1f}" for seconds in point.batch_seconds)
         log(

@@ -3,6 +3,7 @@ its target line in the agreed shape, writes RESULTS.md and a valid PNG; the plot
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -206,3 +207,44 @@ def test_the_drs_dds_decode_baseline_parses_the_shell_documents(spark, tmp_path:
         for name, text in event[model.AFTER].items():
             # Spark's JSON reader gives a number's text through a double (2.0 stays "2.0"; the decoder writes "2").
             assert document[name] == text or float(document[name]) == float(text), (offset, name)
+
+
+def test_job_kinds_leave_out_numbers_so_every_table_and_version_groups_together() -> None:
+    from benchmarks.anatomy import job_kind
+
+    assert job_kind("Delta: Compute snapshot for version: 12") == job_kind("Delta: Compute snapshot for version: 3")
+    assert job_kind("collect at /src/cdclake/apply.py:1065") == "collect at /src/cdclake/apply.py:N"
+
+
+@pytest.mark.spark
+def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its_cpu(spark, tmp_path: Path) -> None:
+    """``python -m benchmarks.anatomy`` on 2 tables: per steady batch, every MERGE's scan among its jobs (and, from
+    the second steady batch on, Delta's state of the version the previous batch's MERGE made, one per table), the job
+    groups adding up to the total, and CPU figures that add up; the scratch lake removed."""
+    from benchmarks import anatomy
+
+    argv = ["--tables", "2", "--events-per-batch", "200", "--batches", "2", "--out", str(tmp_path)]
+    lines = anatomy.main(argv, spark)
+    starts = [index for index, line in enumerate(lines) if re.match(r"batch [12]: [\d.]+ s over 2 tables; ", line)]
+    assert len(starts) == 2, lines
+    group = re.compile(r"^\s+(\d+) \(\s*([\d.]+) per table\)\s+([\d.]+) s \(\s*[\d.]+%\)  (.+)$")
+    for number, start in enumerate(starts, 1):
+        block = lines[start + 1 : starts[number] if number < len(starts) else len(lines)]
+        total = re.match(r"  spark jobs: (\d+) \(([\d.]+) per table\), ([\d.]+) job-seconds$", block[0])
+        assert total is not None, block
+        groups = {m.group(4): (int(m.group(1)), float(m.group(2))) for m in map(group.match, block) if m}
+        assert sum(count for count, _ in groups.values()) == int(total.group(1)) > 0
+        assert groups["MERGE operation - scanning files for matches"][1] >= 1.0, groups
+        if number == 2:
+            assert groups["Delta: Compute snapshot for version: N"][1] >= 1.0, groups
+        cpu = re.search(
+            r"machine busy ([\d.]+), idle [\d.]+; driver JVM ([\d.]+) \(JIT compilers [\d.]+, garbage collector "
+            r"[\d.]+, the rest ([\d.]+)\)",
+            next(line for line in block if line.startswith("  cpu seconds: ")),
+        )
+        assert cpu is not None, block
+        machine, jvm, rest = map(float, cpu.groups())
+        assert rest > 0  # the batch's own work: tasks, planning, commits
+        assert machine + 0.5 >= jvm > 0  # the machine's busy time holds the JVM's (to a few clock ticks)
+        assert re.fullmatch(r"  classes compiled from generated code: \d+", block[-1])
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,155 @@
+"""Where a steady batch's time goes as it touches more tables: its Spark jobs by kind, per table, and its CPU.
+
+``python -m benchmarks.anatomy [--tables 100 --events-per-batch 20000 --batches 3]``
+
+The scaling target's workload and pipeline (:mod:`benchmarks.scaling`: DataWorks, the same events over T tables) are
+applied with ``Pipeline.process_batch``: a first batch creates the tables, then ``--batches`` steady batches are
+measured. For each steady batch it prints:
+
+* its seconds and its steps' seconds (``BatchResult.seconds``);
+* the Spark jobs it ran, grouped by their description (as Delta names its jobs, such as "Delta: Compute snapshot
+  for version", with the numbers left out), else by their call site: how many, how many per table, and the seconds
+  they lasted, summed (a batch's MERGEs overlap, so the sum may exceed the batch);
+* CPU seconds (from ``/proc``, so Linux only): the machine's, busy and idle; the driver JVM's, split into its JIT
+  compiler threads, its garbage collector's and the rest (Spark's tasks, planning, scheduling, Delta's commits:
+  with ``local[N]`` the executors are the driver's threads); the processes it started (Hadoop's shell calls); and
+  this Python process's;
+* the classes Spark compiled from generated code (Janino).
+
+No target: the figures explain the ``table_scaling_100_vs_1`` target's (README.md, "c."). Jobs are read from
+Spark's status store, which keeps ``spark.ui.retainedJobs`` of them (1,000 by default): this command's own session
+keeps 100,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from benchmarks.cpu import JvmCpu
+from benchmarks.scaling import cut, scaling_pipeline, workload_spec
+from benchmarks.workload import OUT, materialize, message_frame
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str
+    submitted_ms: int
+    seconds: float
+
+
+def job_kind(description: str) -> str:
+    """A job's description (or call site) without its numbers: the jobs of every table and version group together."""
+    return re.sub(r"\d+", "N", description).strip()
+
+
+def jobs_since(spark: SparkSession, since_ms: int) -> list[Job]:
+    """The finished Spark jobs submitted at ``since_ms`` (epoch milliseconds) or later, from Spark's status store."""
+    jvm: Any = spark._jvm  # the status store has no Python API
+    store = spark.sparkContext._jsc.sc().statusStore()
+    jobs = []
+    for data in jvm.scala.jdk.javaapi.CollectionConverters.asJava(store.jobsList(None)):
+        submitted, completed = data.submissionTime(), data.completionTime()
+        if not submitted.isDefined() or not completed.isDefined():
+            continue
+        start_ms = int(submitted.get().getTime())
+        if start_ms < since_ms:
+            continue
+        description = data.description()
+        kind = job_kind(str(description.get()) if description.isDefined() else str(data.name()))
+        jobs.append(Job(kind, start_ms, (int(completed.get().getTime()) - start_ms) / 1000))
+    return jobs
+
+
+def compiled_classes(spark: SparkSession) -> int:
+    """How many classes Spark has compiled from generated code in this JVM so far."""
+    jvm: Any = spark._jvm
+    return int(jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
+
+
+def report(
+    index: int, seconds: float, steps: dict[str, float], tables: int, jobs: list[Job], cpu: JvmCpu, compiled: int
+) -> list[str]:
+    """The lines printed for one steady batch (see the module doc)."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for job in jobs:
+        by_kind[job.kind].append(job.seconds)
+    job_seconds = sum(job.seconds for job in jobs)
+    lines = [
+        f"batch {index}: {seconds:.1f} s over {tables} tables; "
+        + ", ".join(f"{step} {value:.2f}" for step, value in steps.items()),
+        f"  spark jobs: {len(jobs)} ({len(jobs) / tables:.2f} per table), {job_seconds:.1f} job-seconds",
+    ]
+    for kind, durations in sorted(by_kind.items(), key=lambda item: -sum(item[1])):
+        share = 100 * sum(durations) / job_seconds if job_seconds else 0.0
+        lines.append(
+            f"    {len(durations):5d} ({len(durations) / tables:5.2f} per table) {sum(durations):7.1f} s "
+            f"({share:4.1f}%)  {kind}"
+        )
+    rest = cpu.jvm - cpu.jit - cpu.gc
+    lines.append(
+        f"  cpu seconds: machine busy {cpu.machine_busy:.1f}, idle {cpu.machine_idle:.1f}; driver JVM {cpu.jvm:.1f} "
+        f"(JIT compilers {cpu.jit:.1f}, garbage collector {cpu.gc:.1f}, the rest {rest:.1f}); "
+        f"processes it started {cpu.started_processes:.1f}; Python {cpu.python:.1f}"
+    )
+    lines.append(f"  classes compiled from generated code: {compiled}")
+    return lines
+
+
+def run(spark: SparkSession, tables: int, events_per_batch: int, batches: int, out: Path) -> list[str]:
+    """Applies the workload and returns the printed lines (printed as they come too)."""
+    workload = materialize(workload_spec(tables, events_per_batch, 1 + batches))
+    lake = out / f"anatomy-{tables}"
+    shutil.rmtree(lake, ignore_errors=True)
+    messages = message_frame(spark, workload.path)
+    jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    printed: list[str] = []
+    try:
+        pipeline = scaling_pipeline(spark, workload, lake, f"bench-anatomy-{tables}")
+        for index, batch in enumerate(cut(messages, workload.messages, 1 + batches)):
+            since_ms = int(time.time() * 1000)
+            cpu_before, compiled_before = JvmCpu.now(jvm_pid), compiled_classes(spark)
+            started = time.perf_counter()
+            result = pipeline.process_batch(batch, index)
+            seconds = time.perf_counter() - started
+            cpu, compiled = JvmCpu.now(jvm_pid) - cpu_before, compiled_classes(spark) - compiled_before
+            if index == 0:
+                line = f"batch 0 (creates the tables, not measured): {seconds:.1f} s"
+                print(line, flush=True)
+                printed.append(line)
+                continue
+            lines = report(index, seconds, result.seconds, tables, jobs_since(spark, since_ms), cpu, compiled)
+            print("\n".join(lines), flush=True)
+            printed += lines
+    finally:
+        messages.unpersist()
+        shutil.rmtree(lake, ignore_errors=True)
+    return printed
+
+
+def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", type=int, default=100)
+    parser.add_argument("--events-per-batch", type=int, default=20_000)
+    parser.add_argument("--batches", type=int, default=3, help="steady batches measured after the first")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lake goes")
+    args = parser.parse_args(argv)
+    if spark is None:
+        from cdclake.spark import get_session
+
+        spark = get_session("cdclake-bench-anatomy", master="local[2]", conf={"spark.ui.retainedJobs": "100000"})
+    print(f"{args.tables} tables, steady batches of {args.events_per_batch:,} events", flush=True)
+    return run(spark, args.tables, args.events_per_batch, args.batches, args.out)
+
+
+if __name__ == "__main__":
+    main()
