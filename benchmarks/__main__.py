@@ -20,6 +20,7 @@ from typing import Any
 
 from benchmarks import decode, e2e, freshness, plot, report, scaling
 from benchmarks.memory import PeakSampler
+from benchmarks.spark_jobs import RETAINED_JOBS
 from benchmarks.workload import OUT, WorkloadSpec, materialize
 
 HERE = Path(__file__).resolve().parent
@@ -268,8 +269,8 @@ def run_scaling(run: Run, spark: Any, work: Path) -> None:
     rows = [
         f"| tables | events in batch | batch s (median of {scaling.TIMED_BATCHES}) | timed batches s | first batch s | "
         + " | ".join(step_names)
-        + " |",
-        "|---:|---:|---:|---:|---:|" + "---:|" * len(step_names),
+        + " | Spark jobs per table | of them Delta state rebuilds |",
+        "|---:|---:|---:|---:|---:|" + "---:|" * len(step_names) + "---:|---:|",
     ]
     bars = []
     for point in points:
@@ -277,7 +278,7 @@ def run_scaling(run: Run, spark: Any, work: Path) -> None:
             f"| {point.tables:,} | {point.messages:,} | {point.seconds:.1f} | "
             f"{', '.join(f'{seconds:.1f}' for seconds in point.batch_seconds)} | {point.first_batch_seconds:.1f} | "
             + " | ".join(f"{point.steps.get(step, 0.0):.2f}" for step in step_names)
-            + " |"
+            + f" | {point.jobs_per_table:.2f} | {point.state_rebuilds_per_table:.2f} |"
         )
         segments = [(point.steps.get(step, 0.0), STEP_COLORS.get(step, "other")) for step in step_names]
         other = point.seconds - sum(point.steps.values())
@@ -355,7 +356,8 @@ def main(argv: Sequence[str] | None = None, spark: Any = None) -> int:
     if spark is None:
         from cdclake.spark import get_session
 
-        spark = get_session("cdclake-bench", master="local[2]", conf={"spark.driver.memory": DRIVER_HEAP})
+        conf = {"spark.driver.memory": DRIVER_HEAP, **RETAINED_JOBS}
+        spark = get_session("cdclake-bench", master="local[2]", conf=conf)
     run.log(f"{mode.name}: {', '.join(selected)}; formats with a renderer: {', '.join(formats)}")
 
     if "decode" in selected:

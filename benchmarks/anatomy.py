@@ -18,18 +18,16 @@ measured. For each steady batch it prints:
 
 No target: the figures explain the ``table_scaling_100_vs_1`` target's (README.md, "c."). Jobs are read from
 Spark's status store, which keeps ``spark.ui.retainedJobs`` of them (1,000 by default): this command's own session
-keeps 100,000.
+keeps more (:data:`benchmarks.spark_jobs.RETAINED_JOBS`).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,37 +35,8 @@ from pyspark.sql import SparkSession
 
 from benchmarks.cpu import JvmCpu
 from benchmarks.scaling import cut, scaling_pipeline, workload_spec
+from benchmarks.spark_jobs import RETAINED_JOBS, Job, jobs_since
 from benchmarks.workload import OUT, materialize, message_frame
-
-
-@dataclass(frozen=True)
-class Job:
-    kind: str
-    submitted_ms: int
-    seconds: float
-
-
-def job_kind(description: str) -> str:
-    """A job's description (or call site) without its numbers: the jobs of every table and version group together."""
-    return re.sub(r"\d+", "N", description).strip()
-
-
-def jobs_since(spark: SparkSession, since_ms: int) -> list[Job]:
-    """The finished Spark jobs submitted at ``since_ms`` (epoch milliseconds) or later, from Spark's status store."""
-    jvm: Any = spark._jvm  # the status store has no Python API
-    store = spark.sparkContext._jsc.sc().statusStore()
-    jobs = []
-    for data in jvm.scala.jdk.javaapi.CollectionConverters.asJava(store.jobsList(None)):
-        submitted, completed = data.submissionTime(), data.completionTime()
-        if not submitted.isDefined() or not completed.isDefined():
-            continue
-        start_ms = int(submitted.get().getTime())
-        if start_ms < since_ms:
-            continue
-        description = data.description()
-        kind = job_kind(str(description.get()) if description.isDefined() else str(data.name()))
-        jobs.append(Job(kind, start_ms, (int(completed.get().getTime()) - start_ms) / 1000))
-    return jobs
 
 
 def compiled_classes(spark: SparkSession) -> int:
@@ -146,7 +115,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     if spark is None:
         from cdclake.spark import get_session
 
-        spark = get_session("cdclake-bench-anatomy", master="local[2]", conf={"spark.ui.retainedJobs": "100000"})
+        spark = get_session("cdclake-bench-anatomy", master="local[2]", conf=RETAINED_JOBS)
     print(f"{args.tables} tables, steady batches of {args.events_per_batch:,} events", flush=True)
     return run(spark, args.tables, args.events_per_batch, args.batches, args.out)
 

@@ -5,13 +5,16 @@ by offset and applied with ``Pipeline.process_batch`` (no Kafka, no streaming: t
 batch creates the tables and is reported separately; the next ones touch the same T existing tables, as steady-state
 micro-batches do, and the point's figure is their median. One timed batch swung with warm-up and the shared machine:
 the 100-to-1 ratio read 4.6x to 11.0x in runs of the same commit. Per-step seconds come from ``BatchResult.seconds``
-of the median batch.
+of the median batch, and so do its Spark jobs per table (Spark's status store): what a table costs is mostly Delta's
+jobs for its MERGE, among them the rebuild of the table version's state (``python -m benchmarks.anatomy`` breaks a
+batch down further).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +22,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from benchmarks.spark_jobs import DELTA_STATE, jobs_since
 from benchmarks.workload import Workload, WorkloadSpec, materialize, message_frame
 from cdclake.pipeline import Pipeline, PipelineSettings
 
@@ -39,6 +43,17 @@ class ScalingPoint:
     tables_applied: int = 0
     batch_seconds: list[float] = field(default_factory=list)
     """Every timed batch, in order."""
+    jobs: Counter[str] = field(default_factory=Counter)
+    """Spark jobs of the median batch by kind (:func:`benchmarks.spark_jobs.job_kind`)."""
+
+    @property
+    def jobs_per_table(self) -> float:
+        return sum(self.jobs.values()) / self.tables
+
+    @property
+    def state_rebuilds_per_table(self) -> float:
+        """Delta's rebuilds of a table version's state from its log in the median batch, per table."""
+        return self.jobs[DELTA_STATE] / self.tables
 
 
 def workload_spec(
@@ -84,14 +99,16 @@ def measure_point(spark: SparkSession, spec: WorkloadSpec, work: Path) -> Scalin
         timed = []
         first_seconds = 0.0
         for index, batch in enumerate(cut(messages, workload.messages, 1 + TIMED_BATCHES)):
+            since_ms = int(time.time() * 1000)
             started = time.perf_counter()
             result = pipeline.process_batch(batch, index)
             seconds = time.perf_counter() - started
             if index == 0:
                 first_seconds = seconds
             else:
-                timed.append((seconds, result))
-        seconds, result = sorted(timed, key=lambda item: item[0])[len(timed) // 2]
+                # Read after the timing: a few Py4J calls per job.
+                timed.append((seconds, result, Counter(job.kind for job in jobs_since(spark, since_ms))))
+        seconds, result, jobs = sorted(timed, key=lambda item: item[0])[len(timed) // 2]
         return ScalingPoint(
             tables=spec.tables,
             events=spec.events // (1 + TIMED_BATCHES),
@@ -100,7 +117,8 @@ def measure_point(spark: SparkSession, spec: WorkloadSpec, work: Path) -> Scalin
             first_batch_seconds=first_seconds,
             steps=dict(result.seconds),
             tables_applied=len(result.applied),
-            batch_seconds=[s for s, _ in timed],
+            batch_seconds=[s for s, _, _ in timed],
+            jobs=jobs,
         )
     finally:
         messages.unpersist()
@@ -124,7 +142,8 @@ def measure(
             f"scaling {tables} tables: batch of {point.messages:,} events in {point.seconds:.1f} s "
             f"(median of {each} s) "
             f"({point.tables_applied} tables applied; first batch, creating them: {point.first_batch_seconds:.1f} s); "
-            f"{steps}"
+            f"{steps}; Spark jobs per table {point.jobs_per_table:.2f}, of them Delta state rebuilds "
+            f"{point.state_rebuilds_per_table:.2f}"
         )
         points.append(point)
     return points

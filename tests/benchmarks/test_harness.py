@@ -210,7 +210,7 @@ def test_the_drs_dds_decode_baseline_parses_the_shell_documents(spark, tmp_path:
 
 
 def test_job_kinds_leave_out_numbers_so_every_table_and_version_groups_together() -> None:
-    from benchmarks.anatomy import job_kind
+    from benchmarks.spark_jobs import job_kind
 
     assert job_kind("Delta: Compute snapshot for version: 12") == job_kind("Delta: Compute snapshot for version: 3")
     assert job_kind("collect at /src/cdclake/apply.py:1065") == "collect at /src/cdclake/apply.py:N"
@@ -222,6 +222,7 @@ def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its
     the second steady batch on, Delta's state of the version the previous batch's MERGE made, one per table), the job
     groups adding up to the total, and CPU figures that add up; the scratch lake removed."""
     from benchmarks import anatomy
+    from benchmarks.spark_jobs import DELTA_STATE
 
     argv = ["--tables", "2", "--events-per-batch", "200", "--batches", "2", "--out", str(tmp_path)]
     lines = anatomy.main(argv, spark)
@@ -236,7 +237,7 @@ def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its
         assert sum(count for count, _ in groups.values()) == int(total.group(1)) > 0
         assert groups["MERGE operation - scanning files for matches"][1] >= 1.0, groups
         if number == 2:
-            assert groups["Delta: Compute snapshot for version: N"][1] >= 1.0, groups
+            assert groups[DELTA_STATE][1] >= 1.0, groups
         cpu = re.search(
             r"machine busy ([\d.]+), idle [\d.]+; driver JVM ([\d.]+) \(JIT compilers [\d.]+, garbage collector "
             r"[\d.]+, the rest ([\d.]+)\)",
