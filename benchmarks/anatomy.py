@@ -29,20 +29,13 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
 
-from benchmarks.cpu import JvmCpu
+from benchmarks.cpu import JvmCpu, jvm_pid
 from benchmarks.scaling import cut, scaling_pipeline, workload_spec
-from benchmarks.spark_jobs import RETAINED_JOBS, Job, jobs_since
+from benchmarks.spark_jobs import RETAINED_JOBS, Job, compiled_classes, jobs_since
 from benchmarks.workload import OUT, materialize, message_frame
-
-
-def compiled_classes(spark: SparkSession) -> int:
-    """How many classes Spark has compiled from generated code in this JVM so far."""
-    jvm: Any = spark._jvm
-    return int(jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
 
 
 def report(
@@ -80,17 +73,17 @@ def run(spark: SparkSession, tables: int, events_per_batch: int, batches: int, o
     lake = out / f"anatomy-{tables}"
     shutil.rmtree(lake, ignore_errors=True)
     messages = message_frame(spark, workload.path)
-    jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    driver = jvm_pid(spark)
     printed: list[str] = []
     try:
         pipeline = scaling_pipeline(spark, workload, lake, f"bench-anatomy-{tables}")
         for index, batch in enumerate(cut(messages, workload.messages, 1 + batches)):
             since_ms = int(time.time() * 1000)
-            cpu_before, compiled_before = JvmCpu.now(jvm_pid), compiled_classes(spark)
+            cpu_before, compiled_before = JvmCpu.now(driver), compiled_classes(spark)
             started = time.perf_counter()
             result = pipeline.process_batch(batch, index)
             seconds = time.perf_counter() - started
-            cpu, compiled = JvmCpu.now(jvm_pid) - cpu_before, compiled_classes(spark) - compiled_before
+            cpu, compiled = JvmCpu.now(driver) - cpu_before, compiled_classes(spark) - compiled_before
             if index == 0:
                 line = f"batch 0 (creates the tables, not measured): {seconds:.1f} s"
                 print(line, flush=True)

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+
+def jvm_pid(spark: Any) -> int:
+    """The process id of the JVM behind a classic (Py4J) Spark session: with ``local[N]``, the driver and executors."""
+    return int(spark._jvm.java.lang.ProcessHandle.current().pid())
 
 
 def cpu_seconds(stat: Path) -> float:

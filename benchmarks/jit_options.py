@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.cpu import process_cpu, thread_cpu
+from benchmarks.cpu import jvm_pid, process_cpu, thread_cpu
 from tests.conftest import TEST_JVM_OPTIONS
 
 STREAMS = [
@@ -43,7 +43,7 @@ def _one_jvm(options: str, streams: int) -> None:
     if options:
         conf["spark.driver.extraJavaOptions"] = options
     spark = get_session("jit-options", master="local[2]", conf=conf)
-    pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    pid = jvm_pid(spark)
     # The rendered streams of tests/e2e/test_rendered_streams.py, replayed as it replays them.
     history = SourceHistory.generate(RENDERED_HISTORY)
     for format_name, scd2 in STREAMS[:streams]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from benchmarks.memory import python_rss
+from benchmarks.spark_jobs import compiled_classes
 from benchmarks.workload import OUT
 from cdclake.devtools.verify import compare_lake, describe
 from cdclake.pipeline import BatchResult
@@ -65,7 +66,7 @@ def sample(spark: SparkSession, batch: int, mean_batch_s: float) -> Sample:
         batch=batch,
         heap_mib=(runtime.totalMemory() - runtime.freeMemory()) / 2**20,
         classes=management.getClassLoadingMXBean().getLoadedClassCount(),
-        compilations=jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount(),
+        compilations=compiled_classes(spark),
         stored_rdds=len(spark.sparkContext._jsc.getPersistentRDDs()),
         python_rss_mib=python_rss() / 2**20,
         mean_batch_s=mean_batch_s,

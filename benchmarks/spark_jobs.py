@@ -1,4 +1,5 @@
-"""The Spark jobs a span of work ran, read from Spark's status store and grouped by what they do."""
+"""The Spark jobs a span of work ran, read from Spark's status store and grouped by what they do; the classes Spark
+compiled from generated code."""
 
 from __future__ import annotations
 
@@ -44,3 +45,9 @@ def jobs_since(spark: SparkSession, since_ms: int) -> list[Job]:
         kind = job_kind(str(description.get()) if description.isDefined() else str(data.name()))
         jobs.append(Job(kind, start_ms, (int(completed.get().getTime()) - start_ms) / 1000))
     return jobs
+
+
+def compiled_classes(spark: SparkSession) -> int:
+    """How many classes Spark has compiled from generated code (Janino) in this JVM so far."""
+    jvm: Any = spark._jvm
+    return int(jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
