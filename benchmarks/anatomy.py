@@ -1,10 +1,11 @@
 """Where a steady batch's time goes as it touches more tables: its Spark jobs by kind, per table, and its CPU.
 
-``python -m benchmarks.anatomy [--tables 100 --events-per-batch 20000 --batches 3]``
+``python -m benchmarks.anatomy [--tables 100 --events-per-batch 20000 --batches 3] [--history scd2 ...]``
 
 The scaling target's workload and pipeline (:mod:`benchmarks.scaling`: DataWorks, the same events over T tables) are
 applied with ``Pipeline.process_batch``: a first batch creates the tables, then ``--batches`` steady batches are
-measured. For each steady batch it prints:
+measured. ``--history changelog`` and ``--history scd2`` (either or both) give every table those history tables too,
+whose MERGEs then count among the jobs. For each steady batch it prints:
 
 * its seconds and its steps' seconds (``BatchResult.seconds``);
 * the Spark jobs it ran, grouped by their description (as Delta names its jobs, such as "Delta: Compute snapshot
@@ -67,8 +68,15 @@ def report(
     return lines
 
 
-def run(spark: SparkSession, tables: int, events_per_batch: int, batches: int, out: Path) -> list[str]:
-    """Applies the workload and returns the printed lines (printed as they come too)."""
+def run(
+    spark: SparkSession,
+    tables: int,
+    events_per_batch: int,
+    batches: int,
+    out: Path,
+    history: Sequence[str] = (),
+) -> list[str]:
+    """Applies the workload (with the ``history`` tables) and returns the printed lines (printed as they come too)."""
     workload = materialize(workload_spec(tables, events_per_batch, 1 + batches))
     lake = out / f"anatomy-{tables}"
     shutil.rmtree(lake, ignore_errors=True)
@@ -76,7 +84,7 @@ def run(spark: SparkSession, tables: int, events_per_batch: int, batches: int, o
     driver = jvm_pid(spark)
     printed: list[str] = []
     try:
-        pipeline = scaling_pipeline(spark, workload, lake, f"bench-anatomy-{tables}")
+        pipeline = scaling_pipeline(spark, workload, lake, f"bench-anatomy-{tables}", history)
         for index, batch in enumerate(cut(messages, workload.messages, 1 + batches)):
             since_ms = int(time.time() * 1000)
             cpu_before, compiled_before = JvmCpu.now(driver), compiled_classes(spark)
@@ -104,13 +112,21 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     parser.add_argument("--events-per-batch", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=3, help="steady batches measured after the first")
     parser.add_argument("--out", type=Path, default=OUT, help="where the scratch lake goes")
+    parser.add_argument(
+        "--history",
+        action="append",
+        choices=("changelog", "scd2"),
+        default=[],
+        help="history tables every table also gets (repeat for both)",
+    )
     args = parser.parse_args(argv)
     if spark is None:
         from cdclake.spark import get_session
 
         spark = get_session("cdclake-bench-anatomy", master="local[2]", conf=RETAINED_JOBS)
-    print(f"{args.tables} tables, steady batches of {args.events_per_batch:,} events", flush=True)
-    return run(spark, args.tables, args.events_per_batch, args.batches, args.out)
+    with_history = f", with {' and '.join(sorted(set(args.history)))} tables" if args.history else ""
+    print(f"{args.tables} tables, steady batches of {args.events_per_batch:,} events{with_history}", flush=True)
+    return run(spark, args.tables, args.events_per_batch, args.batches, args.out, args.history)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,11 @@ def workload_spec(
     )
 
 
-def scaling_pipeline(spark: SparkSession, workload: Workload, lake: Path, app_id: str) -> Pipeline:
-    """A pipeline applying the workload's messages to ``lake``, as the scaling benchmark runs it."""
+def scaling_pipeline(
+    spark: SparkSession, workload: Workload, lake: Path, app_id: str, history: Sequence[str] = ()
+) -> Pipeline:
+    """A pipeline applying the workload's messages to ``lake``, as the scaling benchmark runs it; with the
+    ``history`` tables (``changelog``, ``scd2``) of every table too, if any are named."""
     settings = PipelineSettings(
         lake=str(lake),
         app_id=app_id,
@@ -78,6 +81,8 @@ def scaling_pipeline(spark: SparkSession, workload: Workload, lake: Path, app_id
         format_options={workload.spec.format: workload.format_options},
         keys=workload.keys,
         name="bench-scaling",
+        changelog="changelog" in history,
+        scd2="scd2" in history,
     )
     return Pipeline(spark, settings)
 

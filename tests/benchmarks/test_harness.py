@@ -218,16 +218,18 @@ def test_job_kinds_leave_out_numbers_so_every_table_and_version_groups_together(
 
 @pytest.mark.spark
 def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its_cpu(spark, tmp_path: Path) -> None:
-    """``python -m benchmarks.anatomy`` on 2 tables: per steady batch, every MERGE's scan among its jobs (and, from
-    the second steady batch on, Delta's state of the version the previous batch's MERGE made, one per table), the job
-    groups adding up to the total, and the machine's busy CPU holding the JVM's; the scratch lake removed."""
+    """``python -m benchmarks.anatomy`` on 2 tables with SCD2 tables: per steady batch, every MERGE's scan among its
+    jobs (and, from the second steady batch on, Delta's state of the version the previous batch's MERGE made, one per
+    table), each SCD2 MERGE's copy of its source, the history step, the job groups adding up to the total, and the
+    machine's busy CPU holding the JVM's; the scratch lake removed."""
     from benchmarks import anatomy
     from benchmarks.spark_jobs import DELTA_STATE
 
-    argv = ["--tables", "2", "--events-per-batch", "200", "--batches", "2", "--out", str(tmp_path)]
+    argv = ["--tables", "2", "--events-per-batch", "200", "--batches", "2", "--out", str(tmp_path), "--history", "scd2"]
     lines = anatomy.main(argv, spark)
     starts = [index for index, line in enumerate(lines) if re.match(r"batch [12]: [\d.]+ s over 2 tables; ", line)]
     assert len(starts) == 2, lines
+    assert all(re.search(r"\bhistory [\d.]+", lines[start]) for start in starts), lines
     group = re.compile(r"^\s+(\d+) \(\s*([\d.]+) per table\)\s+([\d.]+) s \(\s*[\d.]+%\)  (.+)$")
     for number, start in enumerate(starts, 1):
         block = lines[start + 1 : starts[number] if number < len(starts) else len(lines)]
@@ -236,6 +238,8 @@ def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its
         groups = {m.group(4): (int(m.group(1)), float(m.group(2))) for m in map(group.match, block) if m}
         assert sum(count for count, _ in groups.values()) == int(total.group(1)) > 0
         assert groups["MERGE operation - scanning files for matches"][1] >= 1.0, groups
+        # Delta copies an SCD2 MERGE's source (it reads the stored rows) before its two passes over it.
+        assert groups["MERGE operation - materialize source"][1] >= 1.0, groups
         if number == 2:
             assert groups[DELTA_STATE][1] >= 1.0, groups
         cpu = re.search(
