@@ -34,6 +34,11 @@ def _nothing(_: Any) -> Iterator[None]:
     yield
 
 
+def _merge_small_tables(_: Any) -> AbstractContextManager[Any]:
+    """Every table's changes by a MERGE, however small the table (before DeltaSink.REWRITE_MAX_BYTES)."""
+    return mock.patch.object(DeltaSink, "REWRITE_MAX_BYTES", -1)
+
+
 def _merge_settings_off(_: Any) -> AbstractContextManager[Any]:
     """MERGEs with the session's shuffle partitions and Delta's source materialisation (before DeltaSink.merging)."""
     return mock.patch.object(DeltaSink, "merging", return_value=nullcontext())
@@ -159,6 +164,7 @@ VARIANTS: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {
     "key-ranges-always": _key_ranges_always,
     "inline-bookkeeping": _inline_bookkeeping,
     "merge-settings-off": _merge_settings_off,
+    "merge-small-tables": _merge_small_tables,
     "same": _nothing,
     "no-materialize-source": lambda spark: session_settings(
         spark, {"spark.databricks.delta.merge.materializeSource": "none"}

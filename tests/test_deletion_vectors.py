@@ -22,6 +22,14 @@ from tests.test_delta_sink import CREATED_WITH_ROWS
 
 pytestmark = pytest.mark.spark
 
+
+@pytest.fixture(autouse=True)
+def merges_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deletion vectors are a MERGE's: every table takes its changes by one, however small (not by a rewrite of its
+    rows, DeltaSink.rewrites_whole, which only tables without deletion vectors get)."""
+    monkeypatch.setattr(DeltaSink, "REWRITE_MAX_BYTES", -1)
+
+
 TYPES = {"id": "bigint(20)", "v": "varchar(8)"}
 
 

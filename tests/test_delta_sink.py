@@ -68,6 +68,16 @@ def _replay(spark, tmp_path: Path, tables: list[str]) -> Path:  # type: ignore[n
     return lake
 
 
+REWRITE_MAX_BYTES: Final = DeltaSink.REWRITE_MAX_BYTES
+
+
+@pytest.fixture(autouse=True)
+def merges_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read what Delta records of MERGEs: every table takes its changes by one, however small (not by a
+    rewrite of its rows, DeltaSink.rewrites_whole, which tests/test_rewrite_whole.py covers)."""
+    monkeypatch.setattr(DeltaSink, "REWRITE_MAX_BYTES", -1)
+
+
 @pytest.fixture
 def files_per_partition(spark):  # type: ignore[no-untyped-def]
     """Writes without Delta's optimized write, which cdclake's tables have (TABLE_PROPERTIES): one file per shuffle
@@ -568,30 +578,36 @@ def _lake_of_twenty_rows(spark, tmp_path: Path, table_format: str):  # type: ign
     return lake, sink, sink.table_path("crm", None, "t")
 
 
-@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+@pytest.mark.parametrize("table_format", ["delta", "delta-rewrite", "iceberg"])
 def test_a_merge_that_meets_a_concurrent_commit_runs_again(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table_format: str
 ) -> None:
     """Another writer commits to a lake table while a batch's MERGE into it runs: the table format refuses the
     MERGE's commit, and the MERGE runs again on the table as the other writer left it, instead of failing the batch
-    and stopping the stream."""
+    and stopping the stream. ``delta-rewrite``: the same for a rewrite of a small table's rows in its place
+    (DeltaSink.rewrites_whole)."""
     from dataclasses import replace as replaced
 
     from cdclake.sinks.iceberg import IcebergSink
 
+    rewrite = table_format == "delta-rewrite"
+    if rewrite:
+        table_format = "delta"
+        monkeypatch.setattr(DeltaSink, "REWRITE_MAX_BYTES", REWRITE_MAX_BYTES)
     lake, sink, table = _lake_of_twenty_rows(spark, tmp_path, table_format)
     compaction = _Compaction(spark, sink, table, table_format, tmp_path)
     owner = IcebergSink if table_format == "iceberg" else DeltaSink
-    original = owner._execute_merge
+    executed = "_rewrite_whole" if rewrite else "_execute_merge"
+    original = getattr(owner, executed)
     calls: list[str] = []
 
     def attempt(self, path, statement, *rest):  # type: ignore[no-untyped-def]
         calls.append(path)
         if len(calls) == 1:  # the first attempt only
             statement = replaced(statement, source=statement.source.where(compaction.hold()))
-        original(self, path, statement, *rest)
+        return original(self, path, statement, *rest)
 
-    monkeypatch.setattr(owner, "_execute_merge", attempt)
+    monkeypatch.setattr(owner, executed, attempt)
     second = tmp_path / "second.jsonl"
     second.write_text(
         row_message("UPDATE", "t", [{"id": "3", "v": "new"}], TYPES, old=[{"id": "3", "v": "v3"}]) + "\n", "utf-8"
@@ -605,7 +621,7 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
         assert operations[-2] == "replace"  # the compaction, then the MERGE
         assert operations[-1] != "replace"
     else:
-        assert operations[-2:] == ["OPTIMIZE", "MERGE"]
+        assert operations[-2:] == ["OPTIMIZE", "WRITE" if rewrite else "MERGE"]
     expected = {i: f"v{i}" for i in range(20)} | {3: "new"}
     assert {row["id"]: row["v"] for row in sink.read_path(table).collect()} == expected
 

@@ -523,10 +523,12 @@ class IcebergSink(DeltaSink):
         self.merge_rows(path, statement)
         self.merged(path)
 
-    def merge_rows(self, path: str, statement: MergeStatement, matched_on: Column | None = None) -> None:
+    def merge_rows(
+        self, path: str, statement: MergeStatement, matched_on: Column | None = None, *, whole: bool = False
+    ) -> None:
         """Executes ``statement`` as a ``MERGE INTO`` of the table at ``path``, one commit marked with the enclosing
         :meth:`idempotent` block's marker; skipped when the table already has that commit. ``matched_on`` is not
-        supported (SQL text only)."""
+        supported (SQL text only); ``whole`` is ignored (an Iceberg MERGE is one job already, merge-on-read)."""
         if matched_on is not None:
             raise ValueError("IcebergSink.merge_rows takes the statement's own condition only")
         self._committing_once(path, self._marker, "MERGE", lambda: self._execute_merge(path, statement, None))
