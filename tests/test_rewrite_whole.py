@@ -171,6 +171,8 @@ def test_a_statement_that_leaves_a_column_to_the_merge_is_not_rewritten(spark) -
         insert_values={"id": "s.id", "v": "s.v"},  # nothing for `extra`: a MERGE inserts NULL or its DEFAULT
     )
     assert delta.rows_after(statement, target) is None
+    refused = {"id": "s.id", "v": "s.v", "extra": "NULL", "missing": "s.v"}  # a column the table lacks
+    assert delta.rows_after(MergeStatement(statement.source, statement.matched_on, refused), target) is None
     statement = MergeStatement(
         source=statement.source,
         matched_on=statement.matched_on,

@@ -573,11 +573,12 @@ def rows_after(statement: MergeStatement, target: DataFrame) -> DataFrame | None
     a full outer join of its rows with the source, where a matched row is deleted, updated or kept by the statement's
     clauses in their order (delete, then update), an unmatched stored row is kept, and an unmatched source row is
     inserted when its condition holds. Written in place of the table (:meth:`DeltaSink.rewrites_whole`). None when
-    the statement does not give every column of the table an inserted value (a column the MERGE would leave NULL or
-    to its DEFAULT): only a MERGE does that."""
+    the statement's inserted values are not exactly the table's columns, or it updates a column the table lacks: a
+    column the MERGE would leave NULL or to its DEFAULT, or one it would refuse, is left to the MERGE."""
     inserted_values = {_unquoted(column).lower(): value for column, value in statement.insert_values.items()}
     updated_values = {_unquoted(column).lower(): value for column, value in statement.update_set.items()}
-    if any(name.lower() not in inserted_values for name in target.columns):
+    columns = {name.lower() for name in target.columns}
+    if columns != set(inserted_values) or not set(updated_values) <= columns:
         return None
     stored, changed = "_cdc_stored", "_cdc_changed"
     joined = (
