@@ -781,11 +781,13 @@ class DeltaSink:
     table (python -m benchmarks.key_ranges), seconds without the ranges / with them: 147 MiB 0.9x, 416 MiB 1.1x,
     820 MiB 1.3x (1.4x at 100 million rows); on the benchmark workload's 100 small tables, whole batches took 0.84x
     the time without them."""
-    REWRITE_MAX_BYTES: int = 8 * 1024 * 1024
-    """A table whose files hold at most this many bytes takes a batch's changes by a rewrite of all its rows
+    REWRITE_MAX_BYTES: int = 4 * 1024 * 1024
+    """A table whose files hold fewer bytes than this takes a batch's changes by a rewrite of all its rows
     (:meth:`rewrites_whole`) instead of a MERGE. Such a table is one file or a few, which a MERGE of any update or
     delete rewrites anyway (copy-on-write); the rewrite skips the MERGE's search for the files it touches (its scans
-    of the table and the source's broadcast) and writes in one task. The scaling workload's 100 small tables, steady
+    of the table and the source's broadcast) and writes in one task. The same size as
+    :attr:`DELETION_VECTORS_REWRITE_BYTES`: a MERGE of such a table never rewrites enough for ``auto`` to switch it
+    to deletion vectors, and a larger table keeps the MERGEs that rule looks at. The scaling workload's 100 small tables, steady
     batches of 31,260 DataWorks messages, both ways interleaved in one process (``python -m benchmarks.ab --variant
     merge-small-tables``, three batches after the first, 2 cores, 2026-12-08): MERGEs / rewrites 1.14 with the MERGEs
     second, 0.83 with the rewrites second (the tool's order effect alone has been 0.90-0.96), about 0.85 both ways;
@@ -1910,12 +1912,12 @@ class DeltaSink:
 
     def rewrites_whole(self, path: str) -> bool:
         """Whether the table at ``path`` takes a batch's changes by a rewrite of its rows (:meth:`_rewrite_whole`)
-        instead of a MERGE: when its files hold at most :attr:`REWRITE_MAX_BYTES` (read as :meth:`key_ranges_pay`
+        instead of a MERGE: when its files hold fewer than :attr:`REWRITE_MAX_BYTES` (read as :meth:`key_ranges_pay`
         reads them) and it has nothing a rewrite would lose (:attr:`REWRITE_MAX_BYTES`)."""
         if self._computed.get(path) or path in self._with_deletion_vectors:
             return False
         size = self._table_size(path)
-        if size > self.REWRITE_MAX_BYTES or size >= self.KEY_RANGES_MIN_BYTES:
+        if size >= self.REWRITE_MAX_BYTES or size >= self.KEY_RANGES_MIN_BYTES:
             return False
         kept_by_merge = self._from_cached_metadata(path, _records_rows)
         return kept_by_merge is False
