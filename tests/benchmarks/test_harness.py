@@ -218,10 +218,11 @@ def test_job_kinds_leave_out_numbers_so_every_table_and_version_groups_together(
 
 @pytest.mark.spark
 def test_the_anatomy_benchmark_counts_each_steady_batch_s_jobs_per_table_and_its_cpu(spark, tmp_path: Path) -> None:
-    """``python -m benchmarks.anatomy`` on 2 tables with SCD2 tables: per steady batch, every MERGE's scan among its
-    jobs (and, from the second steady batch on, Delta's state of the version the previous batch's MERGE made, one per
-    table), each SCD2 MERGE's copy of its source, the history step, the job groups adding up to the total, and the
-    machine's busy CPU holding the JVM's; the scratch lake removed."""
+    """``python -m benchmarks.anatomy`` on 2 tables with SCD2 tables: per steady batch, every SCD2 MERGE's scan among
+    its jobs (the small lake tables themselves are rewritten, DeltaSink.rewrites_whole, not MERGEd into), from the
+    second steady batch on Delta's state of the version the previous batch's write made (at least one per table),
+    each SCD2 MERGE's copy of its source, the history step, the job groups adding up to the total, and the machine's
+    busy CPU holding the JVM's; the scratch lake removed."""
     from benchmarks import anatomy
     from benchmarks.spark_jobs import DELTA_STATE
 

@@ -1820,9 +1820,7 @@ class DeltaSink:
         instead would not be safe: they may be another writer's, about to commit."""
         log.warning("%s holds files but no Delta table (a write killed before its commit): created beside them", path)
         delta_properties = {k: v for k, v in properties.items() if k.startswith("delta.")}
-        # One task and one file: the table is small (REWRITE_MAX_BYTES), and the join's partitions would each be a
-        # task of their own (the first measurements of this rewrite, with it: B/A 0.82-0.87; without: 1.02).
-        writer = rows.coalesce(1).write.format("delta").mode("errorifexists").options(**delta_properties, **marker)
+        writer = rows.write.format("delta").mode("errorifexists").options(**delta_properties, **marker)
         _partitioned(writer, partitioning).save(path)
         self._set_properties(path, {k: v for k, v in properties.items() if k not in delta_properties})
 
@@ -1936,8 +1934,10 @@ class DeltaSink:
         rows = rows_after(statement, self.spark.read.format("delta").load(path))
         if rows is None:
             return False
-        writer = rows.write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
-        writer.option("userMetadata", REWRITE_METADATA).save(path)
+        # One task and one file, as the table is small, instead of a task per partition of the join and Delta's
+        # optimized write (a shuffle of its own) bringing the rows together again.
+        writer = rows.coalesce(1).write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
+        writer.option("optimizeWrite", "false").option("userMetadata", REWRITE_METADATA).save(path)
         return True
 
     def key_ranges_pay(self, path: str) -> bool:
