@@ -786,14 +786,17 @@ class DeltaSink:
     (:meth:`rewrites_whole`) instead of a MERGE. Such a table is one file or a few, which a MERGE of any update or
     delete rewrites anyway (copy-on-write); the rewrite skips the MERGE's search for the files it touches (its scans
     of the table and the source's broadcast) and writes in one task. The same size as
-    :attr:`DELETION_VECTORS_REWRITE_BYTES`: a MERGE of such a table never rewrites enough for ``auto`` to switch it
-    to deletion vectors, and a larger table keeps the MERGEs that rule looks at. The scaling workload's 100 small tables, steady
-    batches of 31,260 DataWorks messages, both ways interleaved in one process (``python -m benchmarks.ab --variant
-    merge-small-tables``, three batches after the first, 2 cores, 2026-12-08): MERGEs / rewrites 1.14 with the MERGEs
-    second, 0.83 with the rewrites second (the tool's order effect alone has been 0.90-0.96), about 0.85 both ways;
-    the MERGE step 0.82-0.85. A table with deletion vectors, a change data feed, row tracking or computed columns
-    keeps its MERGEs: a rewrite would lose what they record (rows marked deleted, change rows, row ids) or could not
-    write its computed columns. Above this size a MERGE pays: it rewrites only the files its keys touch."""
+    :attr:`DELETION_VECTORS_REWRITE_BYTES`: a MERGE of such a table never rewrites enough for ``auto`` to switch it to
+    deletion vectors, and a larger table keeps the MERGEs that rule looks at. A table with deletion vectors, a change
+    data feed, row tracking or computed columns keeps its MERGEs: a rewrite would lose what they record (rows marked
+    deleted, change rows, row ids) or could not write its computed columns. Above this size a MERGE pays: it
+    rewrites only the files its keys touch.
+
+    The scaling workload's 100 small tables, steady batches of 31,260 DataWorks messages, both ways interleaved in
+    one process (``python -m benchmarks.ab --variant merge-small-tables``, three batches after the first, 2 cores,
+    2026-12-08, the first version of the rewrite, in as many tasks as the join's partitions and with Delta's
+    optimized write): MERGEs / rewrites 1.14 with the MERGEs second, 0.83 with the rewrites second (the tool's order
+    effect alone has been 0.90-0.96), about 0.85 both ways; the MERGE step 0.82-0.85."""
     DELETION_VECTORS_CHECK_EVERY: int = 25
     """``auto``: a table's recent MERGEs are looked at after one in this many of its MERGEs by this sink (reading
     the table's history costs about 0.1 s). Which one depends on the table's path, so that a batch of many tables
@@ -1786,9 +1789,7 @@ class DeltaSink:
         """Creates the table at ``path`` holding ``rows``, with ``properties`` and ``partitioning``: one commit,
         marked with the enclosing :meth:`idempotent` block's marker. False, having changed nothing, when the table
         exists by then."""
-        app_id = self.spark.conf.get(TXN_APP_ID, None)
-        # The marker of the enclosing idempotent() block, as options of the write (as append() does).
-        marker = {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
+        marker = self._marker_options()
         properties = column_mapped(properties, rows.schema)
         writer = rows.writeTo(f"delta.{quote(path)}").using("delta").options(**marker)
         for name, value in properties.items():
@@ -1803,6 +1804,12 @@ class DeltaSink:
                 return False
             self._create_beside_leftovers(path, rows, properties, marker, partitioning)
         return True
+
+    def _marker_options(self) -> dict[str, str]:
+        """The marker of the enclosing :meth:`idempotent` block as options of a DataFrame write (as :meth:`append`
+        gives its own), which Delta then skips if the table has it; none outside such a block."""
+        app_id = self.spark.conf.get(TXN_APP_ID, None)
+        return {"txnAppId": app_id, "txnVersion": str(self.spark.conf.get(TXN_VERSION))} if app_id else {}
 
     def _create_beside_leftovers(
         self,
@@ -1937,7 +1944,8 @@ class DeltaSink:
         # One task and one file, as the table is small, instead of a task per partition of the join and Delta's
         # optimized write (a shuffle of its own) bringing the rows together again.
         writer = rows.coalesce(1).write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
-        writer.option("optimizeWrite", "false").option("userMetadata", REWRITE_METADATA).save(path)
+        writer = writer.option("optimizeWrite", "false").option("userMetadata", REWRITE_METADATA)
+        writer.options(**self._marker_options()).save(path)
         return True
 
     def key_ranges_pay(self, path: str) -> bool:
