@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     for rows in (int(size) for size in args.rows.split(",")):
         sinks = {mode: DeltaSink(spark, str(args.out / f"dv-lake-{mode}"), mode) for mode in MODES}
         for sink in sinks.values():
+            sink.REWRITE_MAX_BYTES = -1  # MERGEs, whatever the table's size (the figures are a MERGE's)
             shutil.rmtree(sink.lake, ignore_errors=True)
             sink.ensure_table(plan)
             fill(spark, sink, plan, rows, args.files)

@@ -593,8 +593,9 @@ def test_a_merge_that_meets_a_concurrent_commit_runs_again(
     rewrite = table_format == "delta-rewrite"
     if rewrite:
         table_format = "delta"
+    lake, sink, table = _lake_of_twenty_rows(spark, tmp_path, table_format)  # by MERGEs: files to compact
+    if rewrite:
         monkeypatch.setattr(DeltaSink, "REWRITE_MAX_BYTES", REWRITE_MAX_BYTES)
-    lake, sink, table = _lake_of_twenty_rows(spark, tmp_path, table_format)
     compaction = _Compaction(spark, sink, table, table_format, tmp_path)
     owner = IcebergSink if table_format == "iceberg" else DeltaSink
     executed = "_rewrite_whole" if rewrite else "_execute_merge"
