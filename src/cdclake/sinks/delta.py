@@ -1918,7 +1918,8 @@ class DeltaSink:
     def rewrites_whole(self, path: str) -> bool:
         """Whether the table at ``path`` takes a batch's changes by a rewrite of its rows (:meth:`_rewrite_whole`)
         instead of a MERGE: when its files hold fewer than :attr:`REWRITE_MAX_BYTES` (read as :meth:`key_ranges_pay`
-        reads them) and it has nothing a rewrite would lose (:attr:`REWRITE_MAX_BYTES`)."""
+        reads them) and it has nothing a rewrite would lose: no deletion vectors, change data feed or row tracking
+        (:data:`_RECORDING_FEATURES`, in the table's metadata as the session last saw it) and no computed column."""
         if self._computed.get(path) or path in self._with_deletion_vectors:
             return False
         size = self._table_size(path)
