@@ -794,9 +794,10 @@ class DeltaSink:
 
     The scaling workload's 100 small tables, steady batches of 31,260 DataWorks messages, both ways interleaved in
     one process (``python -m benchmarks.ab --variant merge-small-tables``, three batches after the first, 2 cores,
-    2026-12-08, the first version of the rewrite, in as many tasks as the join's partitions and with Delta's
-    optimized write): MERGEs / rewrites 1.14 with the MERGEs second, 0.83 with the rewrites second (the tool's order
-    effect alone has been 0.90-0.96), about 0.85 both ways; the MERGE step 0.82-0.85."""
+    2026-12-08): rewrites / MERGEs 0.80 with the rewrites second, MERGEs / rewrites 1.12 with the MERGEs second (the
+    tool's order effect alone has been 0.90-0.96), so about 0.85 either way round; the MERGE step 0.79 and 1.14
+    (about 0.83). The rewrite's first version (a task per partition of the join, and Delta's optimized write) measured
+    0.83 and 1.14 the same way."""
     DELETION_VECTORS_CHECK_EVERY: int = 25
     """``auto``: a table's recent MERGEs are looked at after one in this many of its MERGEs by this sink (reading
     the table's history costs about 0.1 s). Which one depends on the table's path, so that a batch of many tables
