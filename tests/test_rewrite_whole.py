@@ -48,19 +48,15 @@ MESSAGES: list[str] = [
     row_message("DELETE", "bag", [{"name": "c", "n": None}], KEYLESS_TYPES, keys=[]),  # NULL matches NULL
 ]
 BATCH_LINES = 5
+_FEED = {"delta.enableChangeDataFeed": "true"}
 
 
-def _replay(spark: Any, tmp_path: Path, lake: Path) -> None:
+def _replay(spark: Any, tmp_path: Path, lake: Path, messages: list[str], **settings: Any) -> None:
+    """Canal ``messages`` replayed into ``lake``, :data:`BATCH_LINES` per batch unless ``settings`` say otherwise."""
     capture = tmp_path / f"{lake.name}.jsonl"
-    capture.write_text("".join(m + "\n" for m in MESSAGES), encoding="utf-8")
-    replay(
-        spark,
-        lake=str(lake),
-        format_name="canal-json",
-        paths=[str(capture)],
-        batch_lines=BATCH_LINES,
-        sequence_by={"crm.t": "ver"},
-    )
+    capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
+    settings = {"batch_lines": BATCH_LINES, **settings}
+    replay(spark, lake=str(lake), format_name="canal-json", paths=[str(capture)], **settings)
 
 
 def _all_rows(spark: Any, path: Path) -> list[dict[str, Any]]:
@@ -82,10 +78,10 @@ def _commits(path: Path) -> list[tuple[str, str | None]]:
 
 def test_a_small_table_is_rewritten_with_the_rows_its_merge_would_leave(spark, tmp_path: Path) -> None:
     rewritten, merged = tmp_path / "rewritten", tmp_path / "merged"
-    _replay(spark, tmp_path, rewritten)
+    _replay(spark, tmp_path, rewritten, MESSAGES, sequence_by={"crm.t": "ver"})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeltaSink, "REWRITE_MAX_BYTES", -1)
-        _replay(spark, tmp_path, merged)
+        _replay(spark, tmp_path, merged, MESSAGES, sequence_by={"crm.t": "ver"})
 
     assert sorted(read_table(str(rewritten / "crm" / "t")), key=lambda r: r["id"]) == [
         {"id": 2, "v": "again", "ver": 4},
@@ -110,20 +106,11 @@ def test_a_small_table_is_rewritten_with_the_rows_its_merge_would_leave(spark, t
 def test_a_table_with_a_change_data_feed_keeps_its_merges(spark, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     first = [_row(k, f"v{k}", 1) for k in range(3)]
-    batches = [
-        [row_message("INSERT", "fed", first, TYPES)],
-        [row_message("UPDATE", "fed", [_row(1, "one", 2)], TYPES, old=[{"v": "v1"}])],
+    messages = [
+        row_message("INSERT", "fed", first, TYPES),
+        row_message("UPDATE", "fed", [_row(1, "one", 2)], TYPES, old=[{"v": "v1"}]),
     ]
-    for index, messages in enumerate(batches):
-        capture = tmp_path / f"fed-{index}.jsonl"
-        capture.write_text("".join(m + "\n" for m in messages), encoding="utf-8")
-        replay(
-            spark,
-            lake=str(lake),
-            format_name="canal-json",
-            paths=[str(capture)],
-            table_properties={"crm.fed": {"delta.enableChangeDataFeed": "true"}},
-        )
+    _replay(spark, tmp_path, lake, messages, batch_lines=1, table_properties={"crm.fed": _FEED})
     assert [op for op, _ in _commits(lake / "crm" / "fed")] == ["CREATE TABLE AS SELECT", "MERGE"]
     # The feed holds the update, not the table's every row deleted and inserted again.
     changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1)
