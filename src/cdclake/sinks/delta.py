@@ -714,7 +714,7 @@ REWRITE_METADATA: Final = "cdclake: a batch's row changes, the table's rows rewr
 """The ``userMetadata`` of a commit that wrote a batch's changes by rewriting the table's rows
 (:meth:`DeltaSink.rewrites_whole`), so that its history tells it from an overwrite by hand or a type rewrite."""
 
-_RECORDING_FEATURES: Final = ("delta.enableDeletionVectors", "delta.enableChangeDataFeed", "delta.enableRowTracking")
+_RECORDING_FEATURES: Final = (ENABLE_DELETION_VECTORS, "delta.enableChangeDataFeed", "delta.enableRowTracking")
 """Table properties under which a table records what a MERGE changes (deleted rows, change rows, row ids), which a
 rewrite of its rows would not (:meth:`DeltaSink.rewrites_whole`)."""
 
@@ -1923,8 +1923,7 @@ class DeltaSink:
         (:data:`_RECORDING_FEATURES`, in the table's metadata as the session last saw it) and no computed column."""
         if self._computed.get(path) or path in self._with_deletion_vectors:
             return False
-        size = self._table_size(path)
-        if size >= self.REWRITE_MAX_BYTES or size >= self.KEY_RANGES_MIN_BYTES:
+        if self._table_size(path) >= self.REWRITE_MAX_BYTES or self.key_ranges_pay(path):
             return False
         kept_by_merge = self._from_cached_metadata(path, _records_rows)
         return kept_by_merge is False
